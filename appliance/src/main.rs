@@ -1,1 +1,257 @@
-fn main(){}
+//! `skerry`: the one binary. Today it runs the store (an etcd v3 server) on one box; later
+//! issues add Raft, the apiserver, the control loops, the kubelet and the proxy.
+//!
+//! This is a thin main, like Kubernetes' `cmd/`: it parses flags, wires the crates together and
+//! owns shutdown.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use skerry_store::grpc::{EtcdApi, MemberInfo, router};
+use skerry_store::{Store, StoreConfig};
+use tracing::info;
+
+/// etcd's default client URL, so that `etcdctl` with no flags talks to `skerry server`.
+const LISTEN_CLIENT_URL_DEFAULT: &str = "http://127.0.0.1:2379";
+
+/// The data dir used when none is given: under the user's home, so the embedded default
+/// needs no flags and no root.
+const DATA_DIR_DEFAULT: &str = ".skerry/store";
+
+#[derive(Parser)]
+#[command(name = "skerry", version, about = "Kubernetes as a three-node appliance (today: its etcd-compatible store)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a single-node store serving etcd's v3 gRPC API (etcd's flag names).
+    Server(ServerArgs),
+    /// Snapshot files made by `etcdctl snapshot save` against skerry.
+    Snapshot {
+        #[command(subcommand)]
+        command: SnapshotCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotCommand {
+    /// Create a new data dir from a snapshot file.
+    Restore {
+        /// The snapshot file.
+        file: PathBuf,
+        /// The data dir to create; it must not hold a store.
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
+    /// Check that a snapshot file is complete and intact.
+    Verify { file: PathBuf },
+}
+
+#[derive(Parser)]
+struct ServerArgs {
+    /// Human-readable name of this member.
+    #[arg(long, default_value = "default")]
+    name: String,
+    /// Path to the data directory [default: ~/.skerry/store].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// URLs to listen on for client traffic, comma-separated (http://IP:PORT).
+    #[arg(long, default_value = LISTEN_CLIENT_URL_DEFAULT, value_delimiter = ',')]
+    listen_client_urls: Vec<String>,
+    /// Client URLs to advertise to the cluster, comma-separated [default: the listen URLs].
+    #[arg(long, value_delimiter = ',')]
+    advertise_client_urls: Vec<String>,
+    /// Interval of watch progress notifications (etcd's flag; e.g. 10m, 5s, 500ms).
+    #[arg(long = "experimental-watch-progress-notify-interval", default_value = "10m", value_parser = parse_duration)]
+    progress_notify_interval: Duration,
+    /// Log level filter (tracing's syntax; RUST_LOG overrides).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("skerry: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Server(args) => server(args),
+        Command::Snapshot { command: SnapshotCommand::Restore { file, data_dir } } => {
+            let revision = skerry_store::snapshot::restore(&file, &data_dir)
+                .with_context(|| format!("restore {}", file.display()))?;
+            println!("restored revision {revision} into {}", data_dir.display());
+            Ok(())
+        }
+        Command::Snapshot { command: SnapshotCommand::Verify { file } } => {
+            skerry_store::snapshot::verify(&file).with_context(|| format!("verify {}", file.display()))?;
+            println!("{}: intact skerry snapshot", file.display());
+            Ok(())
+        }
+    }
+}
+
+fn server(args: ServerArgs) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log_level))
+        .context("parse --log-level")?;
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+
+    let addrs = args
+        .listen_client_urls
+        .iter()
+        .map(|url| parse_client_url(url).with_context(|| format!("--listen-client-urls {url}")))
+        .collect::<Result<Vec<_>>>()?;
+    let advertise =
+        if args.advertise_client_urls.is_empty() { args.listen_client_urls.clone() } else { args.advertise_client_urls.clone() };
+    for url in &advertise {
+        parse_client_url(url).with_context(|| format!("--advertise-client-urls {url}"))?;
+    }
+    let data_dir = match args.data_dir {
+        Some(dir) => dir,
+        None => {
+            let home = std::env::var_os("HOME").context("no --data-dir given and $HOME is not set")?;
+            PathBuf::from(home).join(DATA_DIR_DEFAULT)
+        }
+    };
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start runtime")?;
+    runtime.block_on(async move {
+        // Bind before opening the store: a port in use is reported without touching the data.
+        let mut listeners = Vec::new();
+        for (url, addr) in args.listen_client_urls.iter().zip(&addrs) {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listen on {url}"))?;
+            listeners.push(listener);
+        }
+        let mut config = StoreConfig::new(&data_dir);
+        config.progress_notify_interval = args.progress_notify_interval;
+        let store = Store::open(config).context("open store")?;
+        let api = EtcdApi::new(
+            store.clone(),
+            MemberInfo { name: args.name.clone(), client_urls: advertise, peer_urls: Vec::new() },
+        );
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut servers = Vec::new();
+        for (url, listener) in args.listen_client_urls.iter().zip(listeners) {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let mut stop = stop_rx.clone();
+            let serve = router(api.clone()).serve_with_incoming_shutdown(incoming, async move {
+                let _ = stop.wait_for(|s| *s).await;
+            });
+            servers.push(tokio::spawn(serve));
+            println!("skerry: serving etcd v3 API on {url} (data dir {})", data_dir.display());
+        }
+        info!(name = %args.name, data_dir = %data_dir.display(), "skerry server started");
+        shutdown_signal().await;
+        info!("shutting down");
+        let _ = stop_tx.send(true);
+        for server in servers {
+            match tokio::time::timeout(SHUTDOWN_GRACE, server).await {
+                Ok(Ok(Ok(()))) | Err(_) => {}
+                Ok(Ok(Err(e))) => eprintln!("skerry: server: {e}"),
+                Ok(Err(e)) => eprintln!("skerry: server task: {e}"),
+            }
+        }
+        drop(api);
+        store.close();
+        Ok::<(), anyhow::Error>(())
+    })
+}
+
+/// How long open streams (watches, keep-alives) get to finish at shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// Parses an etcd client URL (`http://IP:PORT` or `http://localhost:PORT`).
+fn parse_client_url(url: &str) -> Result<SocketAddr> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        bail!("not a URL: expected http://IP:PORT");
+    };
+    match scheme {
+        "http" => {}
+        "https" => bail!("https needs client TLS (--cert-file/--key-file), which arrives with the Raft issue"),
+        other => bail!("unsupported scheme {other:?}: expected http"),
+    }
+    let host_port = rest.trim_end_matches('/');
+    if host_port.contains('/') {
+        bail!("a client URL has no path");
+    }
+    let host_port = if let Some(port) = host_port.strip_prefix("localhost:") {
+        format!("127.0.0.1:{port}")
+    } else {
+        host_port.to_string()
+    };
+    host_port.parse::<SocketAddr>().map_err(|_| anyhow::anyhow!("expected http://IP:PORT with a numeric IP and port"))
+}
+
+/// Parses a Go-style duration: `10m`, `5s`, `500ms`, `1h`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 10m, 5s or 500ms"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => return Err(format!("{text:?} has no unit: use ms, s, m or h")),
+    };
+    if d.is_zero() {
+        return Err("the interval must be positive".into());
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_urls_parse_as_etcd_writes_them() {
+        assert_eq!(parse_client_url("http://127.0.0.1:2379").ok(), "127.0.0.1:2379".parse().ok());
+        assert_eq!(parse_client_url("http://localhost:2379").ok(), "127.0.0.1:2379".parse().ok());
+        assert!(parse_client_url("127.0.0.1:2379").is_err());
+        assert!(parse_client_url("http://127.0.0.1").is_err());
+        assert!(parse_client_url("ftp://127.0.0.1:1").is_err());
+        assert!(parse_client_url("https://127.0.0.1:2379").is_err());
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("x").is_err());
+    }
+}

@@ -1,1 +1,36 @@
+//! skerry's store: an etcd-compatible MVCC keyspace on redb, served over etcd's v3 gRPC API.
+//!
+//! # Layout
+//! - [`store`]: the handle ([`Store`]): opening a data dir, the group-commit writer thread,
+//!   reads, leases, snapshots, and the background syncer and lessor. Start here.
+//! - [`mvcc`]: the deterministic state machine: redb tables, rows, and how each command
+//!   (put, delete-range, txn, compaction, lease grant/revoke) changes them.
+//! - [`index`]: the in-memory key index (etcd's `treeIndex`).
+//! - [`watch`]: the watch hub (synced / unsynced watchers, progress notifications).
+//! - [`lease`]: the lessor.
+//! - [`snapshot`]: snapshot stream format and restore.
+//! - [`grpc`]: the tonic services for KV, Watch, Lease, Maintenance and Cluster.
+//! - [`pb`]: the generated wire types.
+//!
+//! The store knows nothing of Raft: it applies an ordered stream of [`pb::command::Command`]s
+//! with the applied index stored in the same redb transaction, which is what the Raft layer
+//! will drive.
+//!
+//! Of the seed's tricks, the store side of two lives here: the compacted-revision floor that
+//! the apiserver's compactor (a CAS on a magic key) moves, and `count` on limited ranges that
+//! the apiserver's paged LIST depends on.
+
+pub mod error;
+pub mod grpc;
+pub mod index;
+pub mod lease;
+pub mod mvcc;
 pub mod pb;
+pub mod rev;
+pub mod snapshot;
+pub mod store;
+pub mod validate;
+pub mod watch;
+
+pub use error::StoreError;
+pub use store::{CommandResult, Store, StoreConfig, StoreStatus};

@@ -1,0 +1,69 @@
+//! The store's errors. Each variant's `Display` is the exact text etcd 3.4 puts in its gRPC
+//! status, because clients (etcdctl, the Go client, the Kubernetes apiserver) match on it.
+
+use thiserror::Error;
+
+/// An error a store operation returns. The wire mapping (gRPC code) lives in [`crate::grpc`].
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("etcdserver: key is not provided")]
+    EmptyKey,
+    #[error("etcdserver: key not found")]
+    KeyNotFound,
+    #[error("etcdserver: value is provided")]
+    ValueProvided,
+    #[error("etcdserver: lease is provided")]
+    LeaseProvided,
+    #[error("etcdserver: too many operations in txn request")]
+    TooManyOps,
+    #[error("etcdserver: duplicate key given in txn request")]
+    DuplicateKey,
+    #[error("etcdserver: request is too large")]
+    RequestTooLarge,
+    #[error("etcdserver: mvcc: required revision has been compacted")]
+    Compacted { compact_revision: i64 },
+    #[error("etcdserver: mvcc: required revision is a future revision")]
+    FutureRevision,
+    #[error("etcdserver: requested lease not found")]
+    LeaseNotFound,
+    #[error("etcdserver: lease already exists")]
+    LeaseExists,
+    #[error("etcdserver: too large lease TTL")]
+    LeaseTtlTooLarge,
+    #[error("etcdserver: server stopped")]
+    Stopped,
+    /// The disk said no, or what it holds is not what skerry wrote. Never caused by a client.
+    #[error("storage: {0}")]
+    Storage(String),
+    /// The data dir belongs to another program, is corrupt, or is in use.
+    #[error("{0}")]
+    DataDir(String),
+}
+
+impl StoreError {
+    pub(crate) fn storage(e: impl std::fmt::Display) -> Self {
+        StoreError::Storage(e.to_string())
+    }
+}
+
+macro_rules! storage_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self {
+                StoreError::storage(e)
+            }
+        }
+    )*};
+}
+
+storage_from!(
+    redb::Error,
+    redb::DatabaseError,
+    redb::StorageError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::CommitError,
+    prost::DecodeError,
+    std::io::Error
+);

@@ -1,0 +1,204 @@
+//! The Maintenance and Cluster services.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::pin::Pin;
+
+use bytes::Bytes;
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::{ETCD_VERSION_REPORTED, EtcdApi, status};
+use crate::error::StoreError;
+use crate::pb::etcdserverpb::{
+    AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, HashKvRequest,
+    HashKvResponse, HashRequest, HashResponse, Member, MemberAddRequest, MemberAddResponse,
+    MemberListRequest, MemberListResponse, MemberPromoteRequest, MemberPromoteResponse,
+    MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
+    MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest,
+    StatusResponse, alarm_request::AlarmAction, cluster_server::Cluster,
+    maintenance_server::Maintenance,
+};
+
+/// Bytes per snapshot message (etcd's `snapshotSendBufferSize`).
+pub const SNAPSHOT_CHUNK_BYTES: usize = 32 * 1024;
+
+/// Snapshot chunks read ahead of the client. Bounds memory per snapshot stream.
+const SNAPSHOT_CHUNKS_AHEAD_MAX: usize = 16;
+
+/// The message of a membership change on a store that is not replicated yet.
+const MEMBERSHIP_UNSUPPORTED: &str =
+    "skerry: this member runs without replication; membership changes need a Raft cluster";
+
+type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Maintenance for EtcdApi {
+    async fn alarm(&self, request: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
+        // skerry raises no alarms (it has no space quota yet), so the list is always empty
+        // and there is nothing to activate or deactivate.
+        match AlarmAction::try_from(request.get_ref().action) {
+            Ok(AlarmAction::Get) => Ok(Response::new(AlarmResponse {
+                header: Some(self.store.header(self.store.revision())),
+                alarms: Vec::new(),
+            })),
+            _ => Err(Status::unimplemented("skerry: alarms cannot be raised or cleared by hand")),
+        }
+    }
+
+    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        let s = self.store.status().await.map_err(status)?;
+        Ok(Response::new(StatusResponse {
+            header: Some(self.store.header(s.revision)),
+            version: ETCD_VERSION_REPORTED.into(),
+            db_size: i64::try_from(s.db_size).unwrap_or(i64::MAX),
+            leader: self.store.member_id(),
+            raft_index: s.applied_index,
+            raft_term: self.store.header(0).raft_term,
+            raft_applied_index: s.applied_index,
+            errors: Vec::new(),
+            db_size_in_use: i64::try_from(s.db_size_in_use).unwrap_or(i64::MAX),
+            is_learner: false,
+        }))
+    }
+
+    async fn defragment(
+        &self,
+        _request: Request<DefragmentRequest>,
+    ) -> Result<Response<DefragmentResponse>, Status> {
+        self.store.defragment().await.map_err(status)?;
+        Ok(Response::new(DefragmentResponse {
+            header: Some(self.store.header(self.store.revision())),
+        }))
+    }
+
+    async fn hash(&self, _request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        let store = self.store.clone();
+        let (hash, _) = tokio::task::spawn_blocking(move || store.hash_kv(0))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(status)?;
+        Ok(Response::new(HashResponse { header: Some(self.store.header(self.store.revision())), hash }))
+    }
+
+    async fn hash_kv(&self, request: Request<HashKvRequest>) -> Result<Response<HashKvResponse>, Status> {
+        let store = self.store.clone();
+        let revision = request.get_ref().revision;
+        let (hash, compact_revision) = tokio::task::spawn_blocking(move || store.hash_kv(revision))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(status)?;
+        Ok(Response::new(HashKvResponse {
+            header: Some(self.store.header(self.store.revision())),
+            hash,
+            compact_revision,
+        }))
+    }
+
+    type SnapshotStream = SnapshotStream;
+
+    async fn snapshot(&self, _request: Request<SnapshotRequest>) -> Result<Response<Self::SnapshotStream>, Status> {
+        let store = self.store.clone();
+        // The snapshot is written to an unnamed temporary file first: the stream must say how
+        // many bytes remain, and a client reading slowly must not hold a read transaction
+        // (and with it the file's old pages) open for the whole transfer.
+        let (file, revision, total) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+            let mut file = tempfile::tempfile_in(store.data_dir())?;
+            let revision = store.snapshot(&mut file)?;
+            let total = file.seek(SeekFrom::End(0))?;
+            file.seek(SeekFrom::Start(0))?;
+            Ok((file, revision, total))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(status)?;
+        let (tx, rx) = mpsc::channel(SNAPSHOT_CHUNKS_AHEAD_MAX);
+        let header = self.store.header(revision);
+        tokio::task::spawn_blocking(move || {
+            let mut file = file;
+            let mut sent: u64 = 0;
+            let mut first = true;
+            loop {
+                let mut buf = vec![0u8; SNAPSHOT_CHUNK_BYTES];
+                let n = match file.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(Status::internal(format!("snapshot read: {e}"))));
+                        return;
+                    }
+                };
+                buf.truncate(n);
+                sent += n as u64;
+                let resp = SnapshotResponse {
+                    header: first.then(|| header.clone()),
+                    remaining_bytes: total - sent,
+                    blob: Bytes::from(buf),
+                };
+                first = false;
+                if tx.blocking_send(Ok(resp)).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn move_leader(
+        &self,
+        request: Request<MoveLeaderRequest>,
+    ) -> Result<Response<MoveLeaderResponse>, Status> {
+        if request.get_ref().target_id != self.store.member_id() {
+            return Err(Status::failed_precondition("etcdserver: bad leader transferee"));
+        }
+        Ok(Response::new(MoveLeaderResponse { header: Some(self.store.header(self.store.revision())) }))
+    }
+}
+
+impl EtcdApi {
+    fn members(&self) -> Vec<Member> {
+        vec![Member {
+            id: self.store.member_id(),
+            name: self.member.name.clone(),
+            peer_urls: self.member.peer_urls.clone(),
+            client_urls: self.member.client_urls.clone(),
+            is_learner: false,
+        }]
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for EtcdApi {
+    async fn member_add(&self, _r: Request<MemberAddRequest>) -> Result<Response<MemberAddResponse>, Status> {
+        Err(Status::failed_precondition(MEMBERSHIP_UNSUPPORTED))
+    }
+
+    async fn member_remove(
+        &self,
+        _r: Request<MemberRemoveRequest>,
+    ) -> Result<Response<MemberRemoveResponse>, Status> {
+        Err(Status::failed_precondition(MEMBERSHIP_UNSUPPORTED))
+    }
+
+    async fn member_update(
+        &self,
+        _r: Request<MemberUpdateRequest>,
+    ) -> Result<Response<MemberUpdateResponse>, Status> {
+        Err(Status::failed_precondition(MEMBERSHIP_UNSUPPORTED))
+    }
+
+    async fn member_list(&self, _r: Request<MemberListRequest>) -> Result<Response<MemberListResponse>, Status> {
+        Ok(Response::new(MemberListResponse {
+            header: Some(self.store.header(self.store.revision())),
+            members: self.members(),
+        }))
+    }
+
+    async fn member_promote(
+        &self,
+        _r: Request<MemberPromoteRequest>,
+    ) -> Result<Response<MemberPromoteResponse>, Status> {
+        Err(Status::failed_precondition(MEMBERSHIP_UNSUPPORTED))
+    }
+}

@@ -1,0 +1,666 @@
+//! The MVCC state machine: the redb tables, the rows, and how one command changes them.
+//!
+//! Everything here is deterministic: applying the same commands in the same order to the same
+//! state gives the same revisions, rows and responses on every member. The only clock it reads
+//! is for lease expiry, which is decided outside (the lessor proposes revocations).
+//!
+//! On disk (redb):
+//! - `kv`: `(main, sub)` revision -> one byte kind (0 put, 1 tombstone) + `mvccpb.KeyValue`.
+//!   Scanning it in order replays the whole retained history.
+//! - `leases`: lease id -> granted TTL in seconds.
+//! - `meta`: `applied_index`, `revision`, `compact_revision`, `compact_finished`, the cluster
+//!   and member ids, and the format marker. `applied_index` and `revision` are written in the
+//!   same transaction as the rows they cover, so replaying an already-applied command is a no-op.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
+use prost::Message;
+use redb::{ReadableTable, TableDefinition};
+
+use crate::error::StoreError;
+use crate::index::{KeyIndex, KeyRange};
+use crate::lease::Lessor;
+use crate::pb::etcdserverpb::{
+    Compare, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RangeRequest,
+    RangeResponse, RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse, compare,
+    range_request, request_op, response_op,
+};
+use crate::pb::mvccpb::{Event, KeyValue, event::EventType};
+use crate::rev::Rev;
+
+pub(crate) type KvTable<'a> = redb::Table<'a, (u64, u64), &'static [u8]>;
+
+pub(crate) const KV: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("kv");
+pub(crate) const LEASES: TableDefinition<i64, i64> = TableDefinition::new("leases");
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+pub(crate) const META_FORMAT: &str = "skerry_format";
+pub(crate) const META_APPLIED_INDEX: &str = "applied_index";
+pub(crate) const META_REVISION: &str = "revision";
+pub(crate) const META_COMPACT_REVISION: &str = "compact_revision";
+pub(crate) const META_COMPACT_FINISHED: &str = "compact_finished";
+pub(crate) const META_CLUSTER_ID: &str = "cluster_id";
+pub(crate) const META_MEMBER_ID: &str = "member_id";
+
+/// The on-disk format this build writes. A data dir with another value is refused with a
+/// clear error rather than misread.
+pub(crate) const FORMAT_VERSION: u64 = 1;
+
+const ROW_PUT: u8 = 0;
+const ROW_TOMBSTONE: u8 = 1;
+
+/// Encodes one row of the `kv` table.
+pub(crate) fn encode_row(tombstone: bool, kv: &KeyValue) -> Vec<u8> {
+    let mut row = Vec::with_capacity(1 + kv.encoded_len());
+    row.push(if tombstone { ROW_TOMBSTONE } else { ROW_PUT });
+    kv.encode(&mut row).expect("a Vec grows as needed");
+    row
+}
+
+/// Decodes one row; a row skerry did not write is a storage error, not a panic.
+pub(crate) fn decode_row(row: &[u8]) -> Result<(bool, KeyValue), StoreError> {
+    let (&kind, body) = row
+        .split_first()
+        .ok_or_else(|| StoreError::Storage("empty kv row".into()))?;
+    let tombstone = match kind {
+        ROW_PUT => false,
+        ROW_TOMBSTONE => true,
+        other => return Err(StoreError::Storage(format!("kv row of unknown kind {other}"))),
+    };
+    Ok((tombstone, KeyValue::decode(body)?))
+}
+
+/// Reads the row at `rev`, which the index says exists.
+pub(crate) fn read_kv<T: ReadableTable<(u64, u64), &'static [u8]>>(
+    table: &T,
+    rev: Rev,
+) -> Result<KeyValue, StoreError> {
+    let guard = table
+        .get(rev.to_row_key())?
+        .ok_or_else(|| StoreError::Storage(format!("index names missing row {rev:?}")))?;
+    Ok(decode_row(guard.value())?.1)
+}
+
+/// What every reader shares: the index and the published revisions.
+pub(crate) struct Mvcc {
+    /// Readers take it shared for a range walk; the writer takes it exclusively for each
+    /// append and for each compaction batch. A `parking_lot` lock: sections are short and
+    /// never await.
+    pub index: RwLock<KeyIndex>,
+    /// The last committed and durable revision. Readers read at or below it.
+    pub current_rev: AtomicI64,
+    /// Reads below this revision fail with "compacted". Published before any row is deleted.
+    pub compact_rev: AtomicI64,
+    /// Leases and the keys attached to them. Written by the writer, read by keep-alives.
+    /// A plain mutex: keep-alive is a map lookup.
+    pub lessor: Mutex<Lessor>,
+}
+
+impl Mvcc {
+    pub fn current_rev(&self) -> i64 {
+        self.current_rev.load(Ordering::Acquire)
+    }
+
+    pub fn compact_rev(&self) -> i64 {
+        self.compact_rev.load(Ordering::Acquire)
+    }
+}
+
+/// Range over `table` as etcd 3.4's apply does: sorting and filtering fetch everything, then
+/// truncate; `count` is the number of keys in the range at the revision, whatever the limit.
+///
+/// `current` is the newest revision the caller may see; `compacted` the compaction floor.
+pub(crate) fn range<T: ReadableTable<(u64, u64), &'static [u8]>>(
+    table: &T,
+    index: &KeyIndex,
+    req: &RangeRequest,
+    current: i64,
+    compacted: i64,
+) -> Result<RangeResponse, StoreError> {
+    let at = if req.revision <= 0 { current } else { req.revision };
+    if at > current {
+        return Err(StoreError::FutureRevision);
+    }
+    if at < compacted {
+        return Err(StoreError::Compacted { compact_revision: compacted });
+    }
+    let filtering = req.min_mod_revision != 0
+        || req.max_mod_revision != 0
+        || req.min_create_revision != 0
+        || req.max_create_revision != 0;
+    let sort_order = range_request::SortOrder::try_from(req.sort_order)
+        .unwrap_or(range_request::SortOrder::None);
+    let sort_target = range_request::SortTarget::try_from(req.sort_target)
+        .unwrap_or(range_request::SortTarget::Key);
+    // Without sorting or filtering, fetch one row past the limit to learn `more`.
+    let fetch_limit = if sort_order != range_request::SortOrder::None || filtering || req.limit <= 0
+    {
+        usize::MAX
+    } else {
+        usize::try_from(req.limit).unwrap_or(usize::MAX).saturating_add(1)
+    };
+    let key_range = KeyRange::new(&req.key, &req.range_end);
+    let mut count: i64 = 0;
+    let mut revs = Vec::new();
+    index.visit(&key_range, at, |_, rev| {
+        count += 1;
+        if !req.count_only && revs.len() < fetch_limit {
+            revs.push(rev);
+        }
+        true
+    });
+    let mut kvs = Vec::with_capacity(revs.len());
+    for rev in revs {
+        kvs.push(read_kv(table, rev)?);
+    }
+    if req.max_mod_revision != 0 {
+        kvs.retain(|kv| kv.mod_revision <= req.max_mod_revision);
+    }
+    if req.min_mod_revision != 0 {
+        kvs.retain(|kv| kv.mod_revision >= req.min_mod_revision);
+    }
+    if req.max_create_revision != 0 {
+        kvs.retain(|kv| kv.create_revision <= req.max_create_revision);
+    }
+    if req.min_create_revision != 0 {
+        kvs.retain(|kv| kv.create_revision >= req.min_create_revision);
+    }
+    // The index yields keys ascending, so sorting by key ascending is already done; any other
+    // target defaults to ascending (etcd: "sort ASCEND by default only when target is not KEY").
+    let order = if sort_order == range_request::SortOrder::None
+        && sort_target != range_request::SortTarget::Key
+    {
+        range_request::SortOrder::Ascend
+    } else {
+        sort_order
+    };
+    if order != range_request::SortOrder::None {
+        use range_request::SortTarget as T;
+        match sort_target {
+            T::Key => {}
+            T::Version => kvs.sort_by_key(|kv| kv.version),
+            T::Create => kvs.sort_by_key(|kv| kv.create_revision),
+            T::Mod => kvs.sort_by_key(|kv| kv.mod_revision),
+            T::Value => kvs.sort_by(|a, b| a.value.cmp(&b.value)),
+        }
+        if order == range_request::SortOrder::Descend {
+            kvs.reverse();
+        }
+    }
+    let mut more = false;
+    if req.limit > 0 {
+        let limit = usize::try_from(req.limit).unwrap_or(usize::MAX);
+        if kvs.len() > limit {
+            kvs.truncate(limit);
+            more = true;
+        }
+    }
+    if req.keys_only {
+        for kv in &mut kvs {
+            kv.value = Bytes::new();
+        }
+    }
+    Ok(RangeResponse { header: Some(revision_header(current)), kvs, more, count })
+}
+
+/// The header of a response nested in a txn: etcd fills only the revision there.
+pub(crate) fn revision_header(revision: i64) -> ResponseHeader {
+    ResponseHeader { revision, ..Default::default() }
+}
+
+/// One write transaction's view while commands are applied: the table, the pending revision
+/// and the events produced so far.
+pub(crate) struct Apply<'a, 't> {
+    pub mvcc: &'a Mvcc,
+    pub table: &'a mut KvTable<'t>,
+    pub leases: &'a mut redb::Table<'t, i64, i64>,
+    /// The last revision assigned (committed or pending in this batch).
+    pub rev: &'a mut i64,
+    pub events: &'a mut Vec<Event>,
+}
+
+/// A write transaction inside one command: changes take revision `begin + 1` with increasing
+/// sub-revisions.
+struct TxnWrite<'x, 'a, 't> {
+    apply: &'x mut Apply<'a, 't>,
+    begin: i64,
+    sub: i64,
+}
+
+impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
+    fn new(apply: &'x mut Apply<'a, 't>) -> Self {
+        let begin = *apply.rev;
+        Self { apply, begin, sub: 0 }
+    }
+
+    /// The revision reads in this txn see: the pending one once something was written.
+    fn read_rev(&self) -> i64 {
+        if self.sub > 0 { self.begin + 1 } else { self.begin }
+    }
+
+    fn next_rev(&mut self) -> Rev {
+        let rev = Rev::new(self.begin + 1, self.sub);
+        self.sub += 1;
+        rev
+    }
+
+    /// Ends the txn: the store revision moves only if something was written.
+    fn finish(self) -> i64 {
+        if self.sub > 0 {
+            *self.apply.rev = self.begin + 1;
+        }
+        *self.apply.rev
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, StoreError> {
+        let rev = self.apply.mvcc.index.read().get(key, self.read_rev());
+        rev.map(|rev| read_kv(&*self.apply.table, rev)).transpose()
+    }
+
+    fn range(&self, req: &RangeRequest) -> Result<RangeResponse, StoreError> {
+        let index = self.apply.mvcc.index.read();
+        let mut resp = range(
+            &*self.apply.table,
+            &index,
+            req,
+            self.read_rev(),
+            self.apply.mvcc.compact_rev(),
+        )?;
+        resp.header = Some(revision_header(self.read_rev()));
+        Ok(resp)
+    }
+
+    fn put(&mut self, req: &PutRequest) -> Result<PutResponse, StoreError> {
+        let prev = self.get(&req.key)?;
+        let mut value = req.value.clone();
+        let mut lease = req.lease;
+        if req.ignore_value || req.ignore_lease {
+            let prev = prev.as_ref().ok_or(StoreError::KeyNotFound)?;
+            if req.ignore_value {
+                value = prev.value.clone();
+            }
+            if req.ignore_lease {
+                lease = prev.lease;
+            }
+        }
+        let rev = self.next_rev();
+        let (create_revision, version) = match &prev {
+            Some(p) => (p.create_revision, p.version + 1),
+            None => (rev.main, 1),
+        };
+        let kv = KeyValue {
+            key: req.key.clone(),
+            create_revision,
+            mod_revision: rev.main,
+            version,
+            value,
+            lease,
+        };
+        self.apply.table.insert(rev.to_row_key(), encode_row(false, &kv).as_slice())?;
+        self.apply.mvcc.index.write().put(&req.key, rev);
+        {
+            let mut lessor = self.apply.mvcc.lessor.lock();
+            let old_lease = prev.as_ref().map_or(0, |p| p.lease);
+            if old_lease != 0 && old_lease != lease {
+                lessor.detach(old_lease, &req.key);
+            }
+            if lease != 0 {
+                lessor.attach(lease, &req.key);
+            }
+        }
+        self.apply.events.push(Event {
+            r#type: EventType::Put as i32,
+            kv: Some(kv),
+            prev_kv: prev.clone(),
+        });
+        Ok(PutResponse {
+            header: Some(revision_header(rev.main)),
+            prev_kv: if req.prev_kv { prev } else { None },
+        })
+    }
+
+    fn delete_range(&mut self, req: &DeleteRangeRequest) -> Result<DeleteRangeResponse, StoreError> {
+        let key_range = KeyRange::new(&req.key, &req.range_end);
+        let mut doomed = Vec::new();
+        self.apply.mvcc.index.read().visit(&key_range, self.read_rev(), |key, rev| {
+            doomed.push((key.clone(), rev));
+            true
+        });
+        let mut prev_kvs = Vec::with_capacity(if req.prev_kv { doomed.len() } else { 0 });
+        let deleted = doomed.len() as i64;
+        for (key, old) in doomed {
+            let prev = read_kv(&*self.apply.table, old)?;
+            let rev = self.next_rev();
+            let tombstone = KeyValue { key: key.clone(), mod_revision: rev.main, ..Default::default() };
+            self.apply.table.insert(rev.to_row_key(), encode_row(true, &tombstone).as_slice())?;
+            self.apply.mvcc.index.write().tombstone(&key, rev);
+            if prev.lease != 0 {
+                self.apply.mvcc.lessor.lock().detach(prev.lease, &key);
+            }
+            self.apply.events.push(Event {
+                r#type: EventType::Delete as i32,
+                kv: Some(tombstone),
+                prev_kv: Some(prev.clone()),
+            });
+            if req.prev_kv {
+                prev_kvs.push(prev);
+            }
+        }
+        Ok(DeleteRangeResponse {
+            header: Some(revision_header(self.read_rev())),
+            deleted,
+            prev_kvs,
+        })
+    }
+
+    /// Evaluates every compare of `txn` and of the txns nested on the chosen path, against
+    /// the state before any of its writes (etcd's `compareToPath`).
+    fn path(&self, txn: &TxnRequest, path: &mut Vec<bool>) -> Result<(), StoreError> {
+        let mut succeeded = true;
+        for c in &txn.compare {
+            if !self.compare(c)? {
+                succeeded = false;
+                break;
+            }
+        }
+        path.push(succeeded);
+        let ops = if succeeded { &txn.success } else { &txn.failure };
+        for op in ops {
+            if let Some(request_op::Request::RequestTxn(nested)) = &op.request {
+                self.path(nested, path)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn compare(&self, c: &Compare) -> Result<bool, StoreError> {
+        let key_range = KeyRange::new(&c.key, &c.range_end);
+        let mut revs = Vec::new();
+        self.apply.mvcc.index.read().visit(&key_range, self.read_rev(), |_, rev| {
+            revs.push(rev);
+            true
+        });
+        let target = compare::CompareTarget::try_from(c.target)
+            .unwrap_or(compare::CompareTarget::Version);
+        if revs.is_empty() {
+            // A missing key has no value to compare; its version and revisions read as 0.
+            if target == compare::CompareTarget::Value {
+                return Ok(false);
+            }
+            return Ok(compare_kv(c, target, &KeyValue::default()));
+        }
+        for rev in revs {
+            let kv = read_kv(&*self.apply.table, rev)?;
+            if !compare_kv(c, target, &kv) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Checks that the writes on the chosen path can be applied: leases exist, keys exist for
+    /// `ignore_value`/`ignore_lease` (etcd's `checkRequests`). Nothing is written before this.
+    fn check_path(
+        &self,
+        txn: &TxnRequest,
+        path: &[bool],
+        position: &mut usize,
+    ) -> Result<(), StoreError> {
+        let succeeded = path[*position];
+        *position += 1;
+        let ops = if succeeded { &txn.success } else { &txn.failure };
+        for op in ops {
+            match &op.request {
+                Some(request_op::Request::RequestPut(put)) => self.check_put(put)?,
+                Some(request_op::Request::RequestTxn(nested)) => {
+                    self.check_path(nested, path, position)?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn check_put(&self, req: &PutRequest) -> Result<(), StoreError> {
+        if (req.ignore_value || req.ignore_lease) && self.get(&req.key)?.is_none() {
+            return Err(StoreError::KeyNotFound);
+        }
+        if req.lease != 0 && !self.apply.mvcc.lessor.lock().contains(req.lease) {
+            return Err(StoreError::LeaseNotFound);
+        }
+        Ok(())
+    }
+
+    fn txn(
+        &mut self,
+        txn: &TxnRequest,
+        path: &[bool],
+        position: &mut usize,
+    ) -> Result<TxnResponse, StoreError> {
+        let succeeded = path[*position];
+        *position += 1;
+        let ops: &[RequestOp] = if succeeded { &txn.success } else { &txn.failure };
+        let mut responses = Vec::with_capacity(ops.len());
+        for op in ops {
+            let response = match &op.request {
+                Some(request_op::Request::RequestRange(r)) => {
+                    response_op::Response::ResponseRange(self.range(r)?)
+                }
+                Some(request_op::Request::RequestPut(p)) => {
+                    response_op::Response::ResponsePut(self.put(p)?)
+                }
+                Some(request_op::Request::RequestDeleteRange(d)) => {
+                    response_op::Response::ResponseDeleteRange(self.delete_range(d)?)
+                }
+                Some(request_op::Request::RequestTxn(t)) => {
+                    response_op::Response::ResponseTxn(self.txn(t, path, position)?)
+                }
+                None => continue,
+            };
+            responses.push(ResponseOp { response: Some(response) });
+        }
+        Ok(TxnResponse {
+            header: Some(revision_header(self.read_rev())),
+            succeeded,
+            responses,
+        })
+    }
+}
+
+fn compare_kv(c: &Compare, target: compare::CompareTarget, kv: &KeyValue) -> bool {
+    use std::cmp::Ordering as O;
+    use compare::TargetUnion as U;
+    let ordering = match target {
+        compare::CompareTarget::Value => {
+            let expected: &[u8] = match &c.target_union {
+                Some(U::Value(v)) => v,
+                _ => &[],
+            };
+            kv.value.as_ref().cmp(expected)
+        }
+        compare::CompareTarget::Version => kv.version.cmp(&match c.target_union {
+            Some(U::Version(v)) => v,
+            _ => 0,
+        }),
+        compare::CompareTarget::Create => kv.create_revision.cmp(&match c.target_union {
+            Some(U::CreateRevision(v)) => v,
+            _ => 0,
+        }),
+        compare::CompareTarget::Mod => kv.mod_revision.cmp(&match c.target_union {
+            Some(U::ModRevision(v)) => v,
+            _ => 0,
+        }),
+        compare::CompareTarget::Lease => kv.lease.cmp(&match c.target_union {
+            Some(U::Lease(v)) => v,
+            _ => 0,
+        }),
+    };
+    match compare::CompareResult::try_from(c.result).unwrap_or(compare::CompareResult::Equal) {
+        compare::CompareResult::Equal => ordering == O::Equal,
+        compare::CompareResult::NotEqual => ordering != O::Equal,
+        compare::CompareResult::Greater => ordering == O::Greater,
+        compare::CompareResult::Less => ordering == O::Less,
+    }
+}
+
+impl<'a, 't> Apply<'a, 't> {
+    pub fn put(&mut self, req: &PutRequest) -> Result<PutResponse, StoreError> {
+        let mut txn = TxnWrite::new(self);
+        txn.check_put(req)?;
+        let mut resp = txn.put(req)?;
+        let rev = txn.finish();
+        resp.header = Some(revision_header(rev));
+        Ok(resp)
+    }
+
+    pub fn delete_range(
+        &mut self,
+        req: &DeleteRangeRequest,
+    ) -> Result<DeleteRangeResponse, StoreError> {
+        let mut txn = TxnWrite::new(self);
+        let mut resp = txn.delete_range(req)?;
+        resp.header = Some(revision_header(txn.finish()));
+        Ok(resp)
+    }
+
+    pub fn txn(&mut self, req: &TxnRequest) -> Result<TxnResponse, StoreError> {
+        let mut txn = TxnWrite::new(self);
+        let mut path = Vec::new();
+        txn.path(req, &mut path)?;
+        txn.check_path(req, &path, &mut 0)?;
+        let mut resp = txn.txn(req, &path, &mut 0)?;
+        resp.header = Some(revision_header(txn.finish()));
+        Ok(resp)
+    }
+
+    /// Grants a lease whose id and TTL the proposer has already chosen. The lessor learns of
+    /// it at once (later commands of the same batch may attach keys to it); the reply waits
+    /// for the commit like every other.
+    pub fn lease_grant(&mut self, id: i64, ttl: i64) -> Result<i64, StoreError> {
+        if self.mvcc.lessor.lock().contains(id) {
+            return Err(StoreError::LeaseExists);
+        }
+        self.leases.insert(id, ttl)?;
+        self.mvcc.lessor.lock().grant(id, ttl);
+        Ok(*self.rev)
+    }
+
+    /// Revokes a lease: every key attached to it is deleted in one revision.
+    pub fn lease_revoke(&mut self, id: i64) -> Result<i64, StoreError> {
+        let keys: BTreeSet<Bytes> = match self.mvcc.lessor.lock().keys(id) {
+            Some(keys) => keys.iter().cloned().collect(),
+            None => return Err(StoreError::LeaseNotFound),
+        };
+        let mut txn = TxnWrite::new(self);
+        for key in keys {
+            txn.delete_range(&DeleteRangeRequest { key, ..Default::default() })?;
+        }
+        let rev = txn.finish();
+        self.leases.remove(id)?;
+        self.mvcc.lessor.lock().revoke(id);
+        Ok(rev)
+    }
+}
+
+/// etcd's static txn checks that need no state: the duplicate-key rule. A key may not be put
+/// twice, nor put and deleted, in one txn (nested txns included); deletes may overlap.
+pub(crate) fn check_intervals(ops: &[RequestOp]) -> Result<(Vec<KeyRange>, HashSet<Bytes>), StoreError> {
+    let mut dels: Vec<KeyRange> = Vec::new();
+    let mut puts: HashSet<Bytes> = HashSet::new();
+    for op in ops {
+        match &op.request {
+            Some(request_op::Request::RequestDeleteRange(d)) => {
+                dels.push(KeyRange::new(&d.key, &d.range_end));
+            }
+            Some(request_op::Request::RequestPut(p)) => {
+                if !puts.insert(p.key.clone()) {
+                    return Err(StoreError::DuplicateKey);
+                }
+            }
+            Some(request_op::Request::RequestTxn(t)) => {
+                let (success_dels, success_puts) = check_intervals(&t.success)?;
+                let (failure_dels, failure_puts) = check_intervals(&t.failure)?;
+                // Only one branch runs, so the branches may overlap each other, but neither
+                // may overlap what the enclosing txn writes.
+                for key in success_puts.iter().chain(failure_puts.iter()) {
+                    if puts.contains(key) {
+                        return Err(StoreError::DuplicateKey);
+                    }
+                }
+                let mut branch_puts = success_puts;
+                branch_puts.extend(failure_puts);
+                for key in &branch_puts {
+                    if dels.iter().any(|d| d.contains(key)) {
+                        return Err(StoreError::DuplicateKey);
+                    }
+                }
+                puts.extend(branch_puts);
+                dels.extend(success_dels);
+                dels.extend(failure_dels);
+            }
+            _ => {}
+        }
+    }
+    for key in &puts {
+        if dels.iter().any(|d| d.contains(key)) {
+            return Err(StoreError::DuplicateKey);
+        }
+    }
+    Ok((dels, puts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put_op(key: &str) -> RequestOp {
+        RequestOp {
+            request: Some(request_op::Request::RequestPut(PutRequest {
+                key: Bytes::copy_from_slice(key.as_bytes()),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn del_op(key: &str, end: &str) -> RequestOp {
+        RequestOp {
+            request: Some(request_op::Request::RequestDeleteRange(DeleteRangeRequest {
+                key: Bytes::copy_from_slice(key.as_bytes()),
+                range_end: Bytes::copy_from_slice(end.as_bytes()),
+                ..Default::default()
+            })),
+        }
+    }
+
+    #[test]
+    fn duplicate_keys_in_a_txn_are_refused_as_etcd_does() {
+        assert!(check_intervals(&[put_op("a"), put_op("b")]).is_ok());
+        assert_eq!(check_intervals(&[put_op("a"), put_op("a")]).err(), Some(StoreError::DuplicateKey));
+        assert_eq!(
+            check_intervals(&[del_op("a", "c"), put_op("b")]).err(),
+            Some(StoreError::DuplicateKey)
+        );
+        assert!(check_intervals(&[del_op("a", "c"), del_op("b", "d")]).is_ok());
+        let nested = RequestOp {
+            request: Some(request_op::Request::RequestTxn(TxnRequest {
+                compare: vec![],
+                success: vec![put_op("x")],
+                failure: vec![put_op("x")],
+            })),
+        };
+        assert!(check_intervals(std::slice::from_ref(&nested)).is_ok());
+        assert_eq!(check_intervals(&[put_op("x"), nested]).err(), Some(StoreError::DuplicateKey));
+    }
+
+    #[test]
+    fn rows_round_trip_and_garbage_is_an_error() {
+        let kv = KeyValue { key: Bytes::from_static(b"k"), version: 3, ..Default::default() };
+        let row = encode_row(true, &kv);
+        assert_eq!(decode_row(&row).ok(), Some((true, kv)));
+        assert!(decode_row(&[]).is_err());
+        assert!(decode_row(&[7, 1, 2]).is_err());
+    }
+}

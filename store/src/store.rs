@@ -1,0 +1,1034 @@
+//! The store handle: opening a data dir, the group-commit writer, reads, leases, watches.
+//!
+//! # Threads
+//! - The **writer** owns every write to redb. It takes all commands waiting in its queue (up
+//!   to [`WRITE_BATCH_COMMANDS_MAX`]), applies them in order in one redb transaction with the
+//!   applied index, commits it durably (one fsync for the whole batch: group commit), then
+//!   publishes the new revision, hands the events to the watch hub and answers every caller.
+//!   Between batches it runs physical compaction in bounded steps.
+//! - The **syncer** replays history from disk to watchers that start in the past or fell
+//!   behind, and sends periodic progress notifications.
+//! - The **lessor** thread proposes revocations of expired leases.
+//!
+//! Reads run on the caller's thread against a redb read transaction and the shared index,
+//! at the published revision: a write is visible to reads exactly when it is acknowledged.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex, RwLock};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{error, info, warn};
+
+use crate::error::StoreError;
+use crate::index::KeyIndex;
+use crate::lease::{LEASE_TTL_MAX_SECONDS, LEASE_TTL_MIN_SECONDS, Lessor};
+use crate::mvcc::{
+    self, Apply, KV, LEASES, META, META_APPLIED_INDEX, META_CLUSTER_ID, META_COMPACT_FINISHED,
+    META_COMPACT_REVISION, META_FORMAT, META_MEMBER_ID, META_REVISION, Mvcc,
+};
+use crate::pb::command::{Command, command::Command as Cmd};
+use crate::pb::etcdserverpb::{
+    CompactionRequest, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest,
+    LeaseRevokeRequest, PutRequest, PutResponse, RangeRequest, RangeResponse, ResponseHeader,
+    TxnRequest, TxnResponse,
+};
+use crate::pb::mvccpb::{Event, event::EventType};
+use crate::rev::Rev;
+use crate::watch::WatchHub;
+
+/// Commands applied in one redb transaction and made durable by one fsync. Larger batches
+/// amortize the fsync further but delay the first caller of the batch and hold more results
+/// in memory; etcd's backend commits every 10,000 ops or 100 ms. 1,024 covers any realistic
+/// number of concurrent clients while keeping one batch's apply time in the low milliseconds.
+pub const WRITE_BATCH_COMMANDS_MAX: usize = 1_024;
+
+/// Commands that may wait for the writer. Callers beyond it wait on the queue (back-pressure)
+/// instead of growing memory without bound.
+pub const WRITE_QUEUE_MAX: usize = 16_384;
+
+/// Keys whose history one physical-compaction step drops (etcd's `compactionBatchLimit`).
+/// Each step is one redb transaction between client batches, so writes never wait behind
+/// more than one step.
+pub const COMPACTION_BATCH_KEYS: usize = 1_000;
+
+/// How often the syncer looks for watchers to replay when nothing woke it (etcd: 100 ms).
+pub const WATCH_SYNC_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Revisions of history one syncer round reads from disk (etcd's `watchBatchMaxRevs`).
+/// Bounds the memory one round holds; a watcher far behind catches up over several rounds.
+pub const WATCH_SYNC_REVISIONS_MAX: i64 = 1_000;
+
+/// Unsynced watchers served per round (etcd's `maxWatchersPerSync`).
+pub const WATCH_SYNC_WATCHERS_MAX: usize = 512;
+
+/// etcd's default `--experimental-watch-progress-notify-interval`.
+pub const PROGRESS_NOTIFY_INTERVAL_DEFAULT: Duration = Duration::from_secs(600);
+
+/// How often expired leases are looked for (etcd checks every 500 ms).
+pub const LEASE_EXPIRY_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Revocations proposed per check: etcd's `leaseRevokeRate` of 1,000/s at two checks a
+/// second. A mass expiry (a rebooted fleet) then cannot flood the write path.
+pub const LEASE_REVOKES_PER_CHECK_MAX: usize = 500;
+
+/// Attempts to get exclusive use of the database file for a defragmentation; each waits
+/// [`DEFRAGMENT_RETRY_DELAY`] for in-flight reads to finish.
+pub const DEFRAGMENT_ATTEMPTS_MAX: u32 = 200;
+pub const DEFRAGMENT_RETRY_DELAY: Duration = Duration::from_millis(5);
+
+/// The name of the store file inside the data dir.
+pub const DB_FILE_NAME: &str = "skerry.redb";
+
+/// The first bytes of every redb file; anything else in our file's place is not ours.
+const REDB_MAGIC: &[u8] = b"redb";
+
+/// How the store is opened.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub data_dir: PathBuf,
+    /// Interval of progress notifications to watchers that asked for them.
+    pub progress_notify_interval: Duration,
+}
+
+impl StoreConfig {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self { data_dir: data_dir.into(), progress_notify_interval: PROGRESS_NOTIFY_INTERVAL_DEFAULT }
+    }
+}
+
+/// The result of one applied command.
+#[derive(Debug, Clone)]
+pub enum CommandResult {
+    Put(PutResponse),
+    DeleteRange(DeleteRangeResponse),
+    Txn(TxnResponse),
+    Compact { revision: i64 },
+    LeaseGrant { id: i64, ttl: i64, revision: i64 },
+    LeaseRevoke { revision: i64 },
+}
+
+type Reply = oneshot::Sender<Result<CommandResult, StoreError>>;
+
+enum WriterMsg {
+    Command { command: Command, physical: bool, reply: Reply },
+    Defragment { reply: oneshot::Sender<Result<(), StoreError>> },
+    Stats { reply: oneshot::Sender<Result<u64, StoreError>> },
+    Shutdown,
+}
+
+/// What the threads share.
+struct Shared {
+    mvcc: Mvcc,
+    /// The database. Shared for every transaction; taken exclusively only by defragment, which
+    /// needs `&mut Database` and no transaction in flight.
+    db: RwLock<Database>,
+    hub: WatchHub,
+    path: PathBuf,
+    cluster_id: u64,
+    member_id: u64,
+    /// The command index of the last applied command.
+    applied_index: std::sync::atomic::AtomicU64,
+    stopping: AtomicBool,
+    /// Set when the writer could not commit: the store refuses further work.
+    failed: AtomicBool,
+    sync_wakeup: (Mutex<bool>, Condvar),
+    progress_notify_interval: Duration,
+}
+
+impl Shared {
+    fn wake_syncer(&self) {
+        let (flag, condvar) = &self.sync_wakeup;
+        *flag.lock() = true;
+        condvar.notify_one();
+    }
+}
+
+/// A single-node store. Cloning is cheap; the store stops when [`Store::close`] is called or
+/// the last clone is dropped.
+#[derive(Clone)]
+pub struct Store {
+    shared: Arc<Shared>,
+    writer: mpsc::Sender<WriterMsg>,
+    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    _guard: Arc<StopGuard>,
+}
+
+/// Stops the background threads when the last handle goes.
+struct StopGuard {
+    shared: Arc<Shared>,
+    writer: mpsc::Sender<WriterMsg>,
+}
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        let _ = self.writer.try_send(WriterMsg::Shutdown);
+        self.shared.wake_syncer();
+    }
+}
+
+/// Status of this member, for the Maintenance API.
+#[derive(Debug, Clone)]
+pub struct StoreStatus {
+    pub revision: i64,
+    pub compact_revision: i64,
+    pub applied_index: u64,
+    pub db_size: u64,
+    pub db_size_in_use: u64,
+}
+
+impl Store {
+    /// Opens (or creates) the store in `config.data_dir`.
+    pub fn open(config: StoreConfig) -> Result<Store, StoreError> {
+        let db = open_database(&config.data_dir)?;
+        let path = config.data_dir.join(DB_FILE_NAME);
+        let loaded = load(&db)?;
+        info!(
+            data_dir = %config.data_dir.display(),
+            revision = loaded.revision,
+            compact_revision = loaded.compact_revision,
+            keys = loaded.index.len(),
+            "opened store"
+        );
+        let shared = Arc::new(Shared {
+            mvcc: Mvcc {
+                index: RwLock::new(loaded.index),
+                current_rev: loaded.revision.into(),
+                compact_rev: loaded.compact_revision.into(),
+                lessor: Mutex::new(loaded.lessor),
+            },
+            db: RwLock::new(db),
+            hub: WatchHub::new(loaded.revision, loaded.cluster_id, loaded.member_id, RAFT_TERM),
+            path,
+            cluster_id: loaded.cluster_id,
+            member_id: loaded.member_id,
+            applied_index: loaded.applied_index.into(),
+            stopping: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            sync_wakeup: (Mutex::new(false), Condvar::new()),
+            progress_notify_interval: config.progress_notify_interval,
+        });
+        let (tx, rx) = mpsc::channel(WRITE_QUEUE_MAX);
+        let mut writer = Writer {
+            shared: shared.clone(),
+            rx,
+            rev: loaded.revision,
+            applied_index: loaded.applied_index,
+            compaction: None,
+            physical_waiters: Vec::new(),
+        };
+        if loaded.compact_finished < loaded.compact_revision {
+            writer.compaction =
+                Some(CompactionJob { at: loaded.compact_revision, cursor: None });
+        }
+        let mut threads = Vec::new();
+        threads.push(spawn("skerry-writer", move || writer.run())?);
+        let syncer_shared = shared.clone();
+        threads.push(spawn("skerry-watch-sync", move || run_syncer(&syncer_shared))?);
+        let lessor_shared = shared.clone();
+        let lessor_tx = tx.clone();
+        threads.push(spawn("skerry-lessor", move || run_lessor(&lessor_shared, &lessor_tx))?);
+        Ok(Store {
+            _guard: Arc::new(StopGuard { shared: shared.clone(), writer: tx.clone() }),
+            shared,
+            writer: tx,
+            threads: Arc::new(Mutex::new(threads)),
+        })
+    }
+
+    /// Stops the background threads and waits for them, so the data dir can be opened again.
+    pub fn close(self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        let _ = self.writer.try_send(WriterMsg::Shutdown);
+        self.shared.wake_syncer();
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+
+    pub fn cluster_id(&self) -> u64 {
+        self.shared.cluster_id
+    }
+
+    pub fn member_id(&self) -> u64 {
+        self.shared.member_id
+    }
+
+    /// The last committed revision.
+    pub fn revision(&self) -> i64 {
+        self.shared.mvcc.current_rev()
+    }
+
+    pub fn compact_revision(&self) -> i64 {
+        self.shared.mvcc.compact_rev()
+    }
+
+    /// A response header at `revision`.
+    pub fn header(&self, revision: i64) -> ResponseHeader {
+        ResponseHeader {
+            cluster_id: self.shared.cluster_id,
+            member_id: self.shared.member_id,
+            revision,
+            raft_term: RAFT_TERM,
+        }
+    }
+
+    pub fn hub(&self) -> &WatchHub {
+        &self.shared.hub
+    }
+
+    /// Range at the published revision (or `req.revision`).
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, StoreError> {
+        crate::validate::range(req)?;
+        let current = self.shared.mvcc.current_rev();
+        let txn = self.shared.db.read().begin_read()?;
+        let table = txn.open_table(KV)?;
+        let index = self.shared.mvcc.index.read();
+        let compacted = self.shared.mvcc.compact_rev();
+        let mut resp = mvcc::range(&table, &index, req, current, compacted)?;
+        resp.header = Some(self.header(current));
+        Ok(resp)
+    }
+
+    pub async fn put(&self, req: PutRequest) -> Result<PutResponse, StoreError> {
+        crate::validate::put(&req)?;
+        match self.propose(Cmd::Put(req), false).await? {
+            CommandResult::Put(mut resp) => {
+                resp.header = Some(self.header(header_revision(&resp.header)));
+                Ok(resp)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub async fn delete_range(
+        &self,
+        req: DeleteRangeRequest,
+    ) -> Result<DeleteRangeResponse, StoreError> {
+        crate::validate::delete_range(&req)?;
+        match self.propose(Cmd::DeleteRange(req), false).await? {
+            CommandResult::DeleteRange(mut resp) => {
+                resp.header = Some(self.header(header_revision(&resp.header)));
+                Ok(resp)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, StoreError> {
+        crate::validate::txn(&req)?;
+        match self.propose(Cmd::Txn(req), false).await? {
+            CommandResult::Txn(mut resp) => {
+                resp.header = Some(self.header(header_revision(&resp.header)));
+                Ok(resp)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Compacts history below `revision`. With `physical`, answers only once the old rows are
+    /// gone from disk.
+    pub async fn compact(&self, revision: i64, physical: bool) -> Result<i64, StoreError> {
+        let req = CompactionRequest { revision, physical };
+        match self.propose(Cmd::Compaction(req), physical).await? {
+            CommandResult::Compact { revision } => Ok(revision),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Grants a lease. `id == 0` lets the store choose; TTLs below the minimum are raised.
+    pub async fn lease_grant(&self, ttl: i64, id: i64) -> Result<(i64, i64), StoreError> {
+        if ttl > LEASE_TTL_MAX_SECONDS {
+            return Err(StoreError::LeaseTtlTooLarge);
+        }
+        let ttl = ttl.max(LEASE_TTL_MIN_SECONDS);
+        let id = if id == 0 { self.fresh_lease_id() } else { id };
+        match self.propose(Cmd::LeaseGrant(LeaseGrantRequest { ttl, id }), false).await? {
+            CommandResult::LeaseGrant { id, ttl, .. } => Ok((id, ttl)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub async fn lease_revoke(&self, id: i64) -> Result<i64, StoreError> {
+        match self.propose(Cmd::LeaseRevoke(LeaseRevokeRequest { id }), false).await? {
+            CommandResult::LeaseRevoke { revision } => Ok(revision),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Renews a lease; `None` if it does not exist (the client then sees TTL 0).
+    pub fn lease_keep_alive(&self, id: i64) -> Option<i64> {
+        self.shared.mvcc.lessor.lock().keep_alive(id)
+    }
+
+    /// `(remaining TTL, granted TTL, keys)`, or `None` for an unknown lease.
+    pub fn lease_time_to_live(&self, id: i64, keys: bool) -> Option<(i64, i64, Vec<Bytes>)> {
+        let lessor = self.shared.mvcc.lessor.lock();
+        let lease = lessor.get(id)?;
+        let remaining = Lessor::remaining_seconds(lease, Instant::now());
+        let attached = if keys { lease.keys.iter().cloned().collect() } else { Vec::new() };
+        Some((remaining, lease.ttl_seconds, attached))
+    }
+
+    pub fn lease_ids(&self) -> Vec<i64> {
+        self.shared.mvcc.lessor.lock().ids()
+    }
+
+    /// A positive lease id not in use (etcd's are positive 63-bit numbers).
+    fn fresh_lease_id(&self) -> i64 {
+        let lessor = self.shared.mvcc.lessor.lock();
+        loop {
+            let id = rand::random::<i64>() & i64::MAX;
+            if id != 0 && !lessor.contains(id) {
+                return id;
+            }
+        }
+    }
+
+    /// Rewrites the database file without its free space.
+    pub async fn defragment(&self) -> Result<(), StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(WriterMsg::Defragment { reply }).await?;
+        rx.await.map_err(|_| StoreError::Stopped)?
+    }
+
+    pub async fn status(&self) -> Result<StoreStatus, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(WriterMsg::Stats { reply }).await?;
+        let in_use = rx.await.map_err(|_| StoreError::Stopped)??;
+        let db_size = fs::metadata(&self.shared.path).map(|m| m.len()).unwrap_or(0);
+        Ok(StoreStatus {
+            revision: self.revision(),
+            compact_revision: self.compact_revision(),
+            applied_index: self.shared.applied_index.load(Ordering::Acquire),
+            db_size,
+            db_size_in_use: in_use.min(db_size),
+        })
+    }
+
+    /// Writes a consistent snapshot of the whole store to `out`; see [`crate::snapshot`].
+    pub fn snapshot(&self, out: &mut impl std::io::Write) -> Result<i64, StoreError> {
+        let txn = self.shared.db.read().begin_read()?;
+        crate::snapshot::write(&txn, out)
+    }
+
+    /// The rows of history from revision `from` through `through`, as watch events.
+    pub fn history(&self, from: i64, through: i64) -> Result<Vec<Event>, StoreError> {
+        let txn = self.shared.db.read().begin_read()?;
+        let compacted = self.shared.mvcc.compact_rev();
+        if from < compacted {
+            return Err(StoreError::Compacted { compact_revision: compacted });
+        }
+        let table = txn.open_table(KV)?;
+        read_events(&table, &self.shared.mvcc.index, from, through, true)
+    }
+
+    async fn propose(&self, command: Cmd, physical: bool) -> Result<CommandResult, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        let command = Command { command: Some(command) };
+        self.send(WriterMsg::Command { command, physical, reply }).await?;
+        rx.await.map_err(|_| StoreError::Stopped)?
+    }
+
+    async fn send(&self, msg: WriterMsg) -> Result<(), StoreError> {
+        if self.shared.failed.load(Ordering::Acquire) {
+            return Err(StoreError::Stopped);
+        }
+        self.writer.send(msg).await.map_err(|_| StoreError::Stopped)
+    }
+}
+
+/// The Raft term reported until the Raft issue: one member, one term.
+const RAFT_TERM: u64 = 1;
+
+fn header_revision(header: &Option<ResponseHeader>) -> i64 {
+    header.as_ref().map_or(0, |h| h.revision)
+}
+
+fn unexpected(result: &CommandResult) -> StoreError {
+    StoreError::Storage(format!("writer answered with the wrong result kind: {result:?}"))
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, StoreError> {
+    std::thread::Builder::new().name(name.into()).spawn(f).map_err(StoreError::from)
+}
+
+/// Opens the database file, refusing a data dir that is not a skerry store or is in use.
+fn open_database(dir: &Path) -> Result<Database, StoreError> {
+    let dir_error = |what: String| StoreError::DataDir(format!("data dir {}: {what}", dir.display()));
+    if dir.exists() && !dir.is_dir() {
+        return Err(dir_error("exists and is not a directory".into()));
+    }
+    fs::create_dir_all(dir).map_err(|e| dir_error(format!("cannot create: {e}")))?;
+    let path = dir.join(DB_FILE_NAME);
+    if !path.exists() {
+        let foreign: Vec<String> = fs::read_dir(dir)
+            .map_err(|e| dir_error(format!("cannot read: {e}")))?
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| !name.starts_with('.'))
+            .collect();
+        if !foreign.is_empty() {
+            return Err(dir_error(format!(
+                "holds files that are not a skerry store ({}); refusing to use it",
+                foreign.join(", ")
+            )));
+        }
+    } else {
+        let mut magic = [0u8; 4];
+        let mut file = fs::File::open(&path).map_err(|e| dir_error(format!("cannot open {DB_FILE_NAME}: {e}")))?;
+        use std::io::Read;
+        let read = file.read(&mut magic).map_err(|e| dir_error(format!("cannot read {DB_FILE_NAME}: {e}")))?;
+        if read > 0 && magic[..read] != REDB_MAGIC[..read.min(REDB_MAGIC.len())] || (read > 0 && read < 4) {
+            return Err(dir_error(format!("{DB_FILE_NAME} is not a skerry store file")));
+        }
+    }
+    let opened = std::panic::catch_unwind(|| Database::builder().create(&path));
+    let db = match opened {
+        Ok(Ok(db)) => db,
+        Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => {
+            return Err(dir_error("is in use by another skerry process".into()));
+        }
+        Ok(Err(e)) => return Err(dir_error(format!("{DB_FILE_NAME} cannot be opened: {e}"))),
+        Err(_) => return Err(dir_error(format!("{DB_FILE_NAME} is corrupt"))),
+    };
+    Ok(db)
+}
+
+struct Loaded {
+    index: KeyIndex,
+    lessor: Lessor,
+    revision: i64,
+    compact_revision: i64,
+    compact_finished: i64,
+    applied_index: u64,
+    cluster_id: u64,
+    member_id: u64,
+}
+
+/// Creates the tables of a new store, or checks and loads an existing one: rebuilds the index
+/// from the rows and the lessor from the lease table.
+fn load(db: &Database) -> Result<Loaded, StoreError> {
+    let txn = db.begin_write()?;
+    {
+        let mut meta = txn.open_table(META)?;
+        let format = meta.get(META_FORMAT)?.map(|g| g.value());
+        match format {
+            None => {
+                if meta.len()? > 0 {
+                    return Err(StoreError::DataDir("store file has no format marker".into()));
+                }
+                meta.insert(META_FORMAT, mvcc::FORMAT_VERSION)?;
+                meta.insert(META_CLUSTER_ID, rand::random::<u64>() >> 1)?;
+                meta.insert(META_MEMBER_ID, rand::random::<u64>() >> 1)?;
+            }
+            Some(mvcc::FORMAT_VERSION) => {}
+            Some(other) => {
+                return Err(StoreError::DataDir(format!(
+                    "store format {other} is not the format {} this skerry reads",
+                    mvcc::FORMAT_VERSION
+                )));
+            }
+        }
+        txn.open_table(KV)?;
+        txn.open_table(LEASES)?;
+    }
+    txn.commit()?;
+
+    let txn = db.begin_read()?;
+    let meta = txn.open_table(META)?;
+    let get = |key: &str| -> Result<u64, StoreError> {
+        Ok(meta.get(key)?.map(|g| g.value()).unwrap_or(0))
+    };
+    let as_rev = |v: u64| i64::try_from(v).map_err(|_| StoreError::Storage(format!("revision {v} out of range")));
+    let revision = as_rev(get(META_REVISION)?)?;
+    let compact_revision = as_rev(get(META_COMPACT_REVISION)?)?;
+    let compact_finished = as_rev(get(META_COMPACT_FINISHED)?)?;
+    let applied_index = get(META_APPLIED_INDEX)?;
+    let cluster_id = get(META_CLUSTER_ID)?;
+    let member_id = get(META_MEMBER_ID)?;
+
+    let mut index = KeyIndex::default();
+    let kv = txn.open_table(KV)?;
+    let mut last = Rev::default();
+    let mut lease_of: std::collections::HashMap<Bytes, i64> = std::collections::HashMap::new();
+    for row in kv.iter()? {
+        let (key, value) = row?;
+        let rev = Rev::from_row_key(key.value());
+        if rev <= last {
+            return Err(StoreError::Storage(format!("kv rows out of order at {rev:?}")));
+        }
+        last = rev;
+        let (tombstone, kv) = mvcc::decode_row(value.value())?;
+        if tombstone {
+            index.tombstone(&kv.key, rev);
+            lease_of.remove(&kv.key);
+        } else {
+            index.put(&kv.key, rev);
+            if kv.lease != 0 {
+                lease_of.insert(kv.key.clone(), kv.lease);
+            } else {
+                lease_of.remove(&kv.key);
+            }
+        }
+    }
+    if last.main > revision {
+        return Err(StoreError::Storage(format!(
+            "rows reach revision {} beyond the recorded revision {revision}",
+            last.main
+        )));
+    }
+    let mut lessor = Lessor::default();
+    let leases = txn.open_table(LEASES)?;
+    for row in leases.iter()? {
+        let (id, ttl) = row?;
+        // Every lease restarts its full TTL: the time the store was down is not held against
+        // the clients (etcd does the same when a leader is elected).
+        lessor.grant(id.value(), ttl.value());
+    }
+    for (key, lease) in lease_of {
+        lessor.attach(lease, &key);
+    }
+    Ok(Loaded {
+        index,
+        lessor,
+        revision,
+        compact_revision,
+        compact_finished,
+        applied_index,
+        cluster_id,
+        member_id,
+    })
+}
+
+/// Reads rows of revisions `from..=through` as watch events, with `prev_kv` when asked.
+fn read_events<T: ReadableTable<(u64, u64), &'static [u8]>>(
+    table: &T,
+    index: &RwLock<KeyIndex>,
+    from: i64,
+    through: i64,
+    with_prev: bool,
+) -> Result<Vec<Event>, StoreError> {
+    let mut events = Vec::new();
+    if through < from {
+        return Ok(events);
+    }
+    let start = Rev::first_of(from).to_row_key();
+    let end = Rev::first_of(through.saturating_add(1)).to_row_key();
+    for row in table.range(start..end)? {
+        let (key, value) = row?;
+        let rev = Rev::from_row_key(key.value());
+        let (tombstone, mut kv) = mvcc::decode_row(value.value())?;
+        let prev_kv = if with_prev {
+            let prev_rev = index.read().previous(&kv.key, rev);
+            match prev_rev {
+                Some(p) => table.get(p.to_row_key())?.map(|g| mvcc::decode_row(g.value())).transpose()?.map(|(_, kv)| kv),
+                None => None,
+            }
+        } else {
+            None
+        };
+        let r#type = if tombstone {
+            kv.mod_revision = rev.main;
+            EventType::Delete
+        } else {
+            EventType::Put
+        };
+        events.push(Event { r#type: r#type as i32, kv: Some(kv), prev_kv });
+    }
+    Ok(events)
+}
+
+/// Physical compaction in progress.
+struct CompactionJob {
+    at: i64,
+    /// The last key whose history was compacted; the next step starts after it.
+    cursor: Option<Bytes>,
+}
+
+struct Writer {
+    shared: Arc<Shared>,
+    rx: mpsc::Receiver<WriterMsg>,
+    /// The last assigned revision (equal to the published one between batches).
+    rev: i64,
+    applied_index: u64,
+    compaction: Option<CompactionJob>,
+    /// Callers of a physical compaction, answered when the compaction reaches their revision.
+    physical_waiters: Vec<(i64, Reply)>,
+}
+
+impl Writer {
+    fn run(&mut self) {
+        loop {
+            let first = if self.compaction.is_some() {
+                match self.rx.try_recv() {
+                    Ok(msg) => msg,
+                    Err(mpsc::error::TryRecvError::Empty) => {
+                        if let Err(e) = self.compaction_step() {
+                            self.fail(&e);
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(mpsc::error::TryRecvError::Disconnected) => return,
+                }
+            } else {
+                match self.rx.blocking_recv() {
+                    Some(msg) => msg,
+                    None => return,
+                }
+            };
+            let mut commands = Vec::new();
+            let mut others = Vec::new();
+            let mut next = Some(first);
+            while let Some(msg) = next.take() {
+                match msg {
+                    WriterMsg::Command { command, physical, reply } => {
+                        commands.push((command, physical, reply));
+                    }
+                    other => others.push(other),
+                }
+                if commands.len() < WRITE_BATCH_COMMANDS_MAX {
+                    next = self.rx.try_recv().ok();
+                }
+            }
+            if !commands.is_empty()
+                && let Err(e) = self.apply_batch(commands)
+            {
+                self.fail(&e);
+                return;
+            }
+            for msg in others {
+                match msg {
+                    WriterMsg::Defragment { reply } => {
+                        let _ = reply.send(self.defragment());
+                    }
+                    WriterMsg::Stats { reply } => {
+                        let _ = reply.send(self.in_use_bytes());
+                    }
+                    WriterMsg::Shutdown => {
+                        if self.shared.stopping.load(Ordering::Acquire) {
+                            return;
+                        }
+                    }
+                    WriterMsg::Command { .. } => {}
+                }
+            }
+            // A compaction step after every batch keeps compaction moving under steady load.
+            if self.compaction.is_some()
+                && let Err(e) = self.compaction_step()
+            {
+                self.fail(&e);
+                return;
+            }
+        }
+    }
+
+    /// A commit failed: what is on disk is the last good commit, but this process's memory is
+    /// ahead of it. Refuse all further work; a restart recovers from disk.
+    fn fail(&mut self, e: &StoreError) {
+        error!(error = %e, "store writer failed; refusing further writes until restart");
+        self.shared.failed.store(true, Ordering::Release);
+        self.rx.close();
+        while let Ok(msg) = self.rx.try_recv() {
+            if let WriterMsg::Command { reply, .. } = msg {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+        for (_, reply) in self.physical_waiters.drain(..) {
+            let _ = reply.send(Err(e.clone()));
+        }
+    }
+
+    /// Applies `commands` in one transaction and commits it durably: the group commit.
+    fn apply_batch(&mut self, commands: Vec<(Command, bool, Reply)>) -> Result<(), StoreError> {
+        let db = self.shared.db.read();
+        let mut txn = db.begin_write()?;
+        txn.set_durability(Durability::Immediate).map_err(StoreError::storage)?;
+        let mut events = Vec::new();
+        let mut results = Vec::with_capacity(commands.len());
+        let mut new_compaction = None;
+        {
+            let mut table = txn.open_table(KV)?;
+            let mut leases = txn.open_table(LEASES)?;
+            let mut meta = txn.open_table(META)?;
+            for (command, physical, reply) in commands {
+                self.applied_index += 1;
+                let mut apply = Apply {
+                    mvcc: &self.shared.mvcc,
+                    table: &mut table,
+                    leases: &mut leases,
+                    rev: &mut self.rev,
+                    events: &mut events,
+                };
+                let result = match command.command {
+                    Some(Cmd::Put(req)) => apply.put(&req).map(CommandResult::Put),
+                    Some(Cmd::DeleteRange(req)) => {
+                        apply.delete_range(&req).map(CommandResult::DeleteRange)
+                    }
+                    Some(Cmd::Txn(req)) => apply.txn(&req).map(CommandResult::Txn),
+                    Some(Cmd::LeaseGrant(req)) => apply
+                        .lease_grant(req.id, req.ttl)
+                        .map(|revision| CommandResult::LeaseGrant { id: req.id, ttl: req.ttl, revision }),
+                    Some(Cmd::LeaseRevoke(req)) => {
+                        apply.lease_revoke(req.id).map(|revision| CommandResult::LeaseRevoke { revision })
+                    }
+                    Some(Cmd::Compaction(req)) => {
+                        let floor = new_compaction.unwrap_or(self.shared.mvcc.compact_rev());
+                        if req.revision > self.rev {
+                            Err(StoreError::FutureRevision)
+                        } else if req.revision <= floor {
+                            Err(StoreError::Compacted { compact_revision: floor })
+                        } else {
+                            meta.insert(META_COMPACT_REVISION, req.revision as u64)?;
+                            new_compaction = Some(req.revision);
+                            Ok(CommandResult::Compact { revision: self.rev })
+                        }
+                    }
+                    None => Err(StoreError::Storage("empty command".into())),
+                };
+                if let (true, Ok(CommandResult::Compact { .. }), Some(at)) =
+                    (physical, &result, new_compaction)
+                {
+                    // Answered when physical compaction reaches this revision.
+                    self.physical_waiters.push((at, reply));
+                    results.push((None, result));
+                } else {
+                    results.push((Some(reply), result));
+                }
+            }
+            meta.insert(META_APPLIED_INDEX, self.applied_index)?;
+            meta.insert(META_REVISION, self.rev as u64)?;
+        }
+        txn.commit()?;
+        drop(db);
+        // Published only now that the batch is durable: a reader never sees a write that a
+        // crash could take back, and a caller is answered only after its write is durable.
+        self.shared.applied_index.store(self.applied_index, Ordering::Release);
+        self.shared.mvcc.current_rev.store(self.rev, Ordering::Release);
+        if let Some(at) = new_compaction {
+            self.shared.mvcc.compact_rev.store(at, Ordering::Release);
+            self.compaction = Some(CompactionJob { at, cursor: None });
+        }
+        self.shared.hub.notify(&events, self.rev);
+        for (reply, result) in results {
+            if let Some(reply) = reply {
+                let _ = reply.send(result);
+            }
+        }
+        Ok(())
+    }
+
+    /// One bounded step of physical compaction: drops the superseded history of the next
+    /// [`COMPACTION_BATCH_KEYS`] keys. Its commit need not be durable: after a crash the
+    /// recorded compaction revision is still there and compaction simply runs again.
+    fn compaction_step(&mut self) -> Result<(), StoreError> {
+        let Some(job) = self.compaction.as_mut() else { return Ok(()) };
+        let at = job.at;
+        let keys = self.shared.mvcc.index.read().keys_after(job.cursor.as_ref(), COMPACTION_BATCH_KEYS);
+        let db = self.shared.db.read();
+        let mut txn = db.begin_write()?;
+        txn.set_durability(Durability::None).map_err(StoreError::storage)?;
+        let done = keys.is_empty();
+        {
+            let mut table = txn.open_table(KV)?;
+            if done {
+                let mut meta = txn.open_table(META)?;
+                meta.insert(META_COMPACT_FINISHED, at as u64)?;
+            } else {
+                let mut removed = Vec::new();
+                {
+                    let mut index = self.shared.mvcc.index.write();
+                    for key in &keys {
+                        index.compact_key(key, at, &mut removed);
+                    }
+                }
+                for rev in removed {
+                    table.remove(rev.to_row_key())?;
+                }
+            }
+        }
+        txn.commit()?;
+        drop(db);
+        if done {
+            info!(revision = at, "finished compaction");
+            self.compaction = None;
+            let (ready, waiting): (Vec<_>, Vec<_>) =
+                self.physical_waiters.drain(..).partition(|(target, _)| *target <= at);
+            self.physical_waiters = waiting;
+            for (_, reply) in ready {
+                let _ = reply.send(Ok(CommandResult::Compact { revision: self.rev }));
+            }
+        } else if let Some(job) = self.compaction.as_mut() {
+            job.cursor = keys.last().cloned();
+        }
+        Ok(())
+    }
+
+    fn defragment(&mut self) -> Result<(), StoreError> {
+        for attempt in 0..DEFRAGMENT_ATTEMPTS_MAX {
+            let mut db = self.shared.db.write();
+            match db.compact() {
+                Ok(_) => {
+                    info!(attempts = attempt + 1, "defragmented store");
+                    return Ok(());
+                }
+                Err(redb::CompactionError::TransactionInProgress) => {
+                    drop(db);
+                    std::thread::sleep(DEFRAGMENT_RETRY_DELAY);
+                }
+                Err(e) => return Err(StoreError::storage(e)),
+            }
+        }
+        Err(StoreError::Storage("defragment: reads kept the database busy; try again".into()))
+    }
+
+    fn in_use_bytes(&self) -> Result<u64, StoreError> {
+        let db = self.shared.db.read();
+        let txn = db.begin_write()?;
+        let stats = txn.stats()?;
+        let in_use = stats.allocated_pages() * stats.page_size() as u64;
+        txn.abort()?;
+        Ok(in_use)
+    }
+}
+
+/// Replays history to unsynced watchers and sends periodic progress notifications.
+fn run_syncer(shared: &Shared) {
+    let mut last_progress = Instant::now();
+    while !shared.stopping.load(Ordering::Acquire) {
+        {
+            let (flag, condvar) = &shared.sync_wakeup;
+            let mut woken = flag.lock();
+            if !*woken {
+                condvar.wait_for(&mut woken, WATCH_SYNC_INTERVAL);
+            }
+            *woken = false;
+        }
+        if let Err(e) = sync_round(shared) {
+            warn!(error = %e, "watch sync round failed");
+        }
+        shared.hub.retry_progress();
+        if last_progress.elapsed() >= shared.progress_notify_interval {
+            shared.hub.progress_tick();
+            last_progress = Instant::now();
+        }
+    }
+}
+
+/// One round: reads at most [`WATCH_SYNC_REVISIONS_MAX`] revisions of history once and hands
+/// each unsynced watcher its part.
+fn sync_round(shared: &Shared) -> Result<(), StoreError> {
+    let (watchers, current) = shared.hub.unsynced(WATCH_SYNC_WATCHERS_MAX);
+    if watchers.is_empty() {
+        return Ok(());
+    }
+    // The read transaction starts before the compaction floor is read: rows at or above the
+    // floor this round sees are never deleted while the transaction lives.
+    let txn = shared.db.read().begin_read()?;
+    let compacted = shared.mvcc.compact_rev();
+    let mut live = Vec::new();
+    for w in watchers {
+        if w.next_rev < compacted {
+            shared.hub.compacted(w.stream, w.watch_id, compacted);
+        } else {
+            live.push(w);
+        }
+    }
+    let Some(from) = live.iter().map(|w| w.next_rev).min() else { return Ok(()) };
+    let through = current.min(from.saturating_add(WATCH_SYNC_REVISIONS_MAX - 1));
+    let table = txn.open_table(KV)?;
+    let with_prev = live.iter().any(|w| w.prev_kv);
+    let events = read_events(&table, &shared.mvcc.index, from, through, with_prev)?;
+    drop(table);
+    drop(txn);
+    let mut any_behind = false;
+    for w in live {
+        let mine: Vec<Event> = events
+            .iter()
+            .filter(|e| {
+                e.kv.as_ref().is_some_and(|kv| kv.mod_revision >= w.next_rev && w.range.contains(&kv.key))
+            })
+            .map(|e| if w.prev_kv { e.clone() } else { Event { prev_kv: None, ..e.clone() } })
+            .collect();
+        if !shared.hub.deliver_history(w.stream, w.watch_id, mine, through) || through < current {
+            any_behind = true;
+        }
+    }
+    if any_behind {
+        shared.wake_syncer();
+    }
+    Ok(())
+}
+
+/// Proposes revocations of expired leases.
+fn run_lessor(shared: &Shared, writer: &mpsc::Sender<WriterMsg>) {
+    while !shared.stopping.load(Ordering::Acquire) {
+        std::thread::sleep(LEASE_EXPIRY_CHECK_INTERVAL);
+        let expired =
+            shared.mvcc.lessor.lock().take_expired(Instant::now(), LEASE_REVOKES_PER_CHECK_MAX);
+        // All revocations go to the writer at once so they share one group commit.
+        let mut pending = Vec::with_capacity(expired.len());
+        for id in expired {
+            let (reply, rx) = oneshot::channel();
+            let command = Command { command: Some(Cmd::LeaseRevoke(LeaseRevokeRequest { id })) };
+            if writer.blocking_send(WriterMsg::Command { command, physical: false, reply }).is_err() {
+                return;
+            }
+            pending.push((id, rx));
+        }
+        for (id, rx) in pending {
+            match rx.blocking_recv() {
+                Ok(Ok(_)) | Ok(Err(StoreError::LeaseNotFound)) => {}
+                Ok(Err(e)) => {
+                    warn!(lease = id, error = %e, "revoking expired lease failed");
+                    shared.mvcc.lessor.lock().revoke_failed(id);
+                }
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+
+impl Store {
+    /// The data dir this store lives in.
+    pub fn data_dir(&self) -> &Path {
+        self.shared.path.parent().unwrap_or(Path::new("."))
+    }
+
+    /// A CRC-32 over every retained row up to `revision` (0: the current one), and the
+    /// compacted revision: members holding the same history give the same hash. Rows are
+    /// skerry's, so the number is comparable between skerry members, not with etcd's.
+    pub fn hash_kv(&self, revision: i64) -> Result<(u32, i64), StoreError> {
+        let txn = self.shared.db.read().begin_read()?;
+        let current = self.shared.mvcc.current_rev();
+        let compacted = self.shared.mvcc.compact_rev();
+        let at = if revision <= 0 { current } else { revision };
+        if at > current {
+            return Err(StoreError::FutureRevision);
+        }
+        if at < compacted {
+            return Err(StoreError::Compacted { compact_revision: compacted });
+        }
+        let table = txn.open_table(KV)?;
+        let mut hasher = crc32fast::Hasher::new();
+        let end = Rev::first_of(at.saturating_add(1)).to_row_key();
+        for row in table.range(..end)? {
+            let (key, value) = row?;
+            let (main, sub) = key.value();
+            hasher.update(&main.to_be_bytes());
+            hasher.update(&sub.to_be_bytes());
+            hasher.update(value.value());
+        }
+        Ok((hasher.finalize(), compacted))
+    }
+}

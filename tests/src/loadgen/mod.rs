@@ -1,0 +1,13 @@
+//! The load generator's parts, included by `src/bin/skerry-loadgen.rs`.
+//!
+//! - `server`: starts skerry or etcd on loopback in a temp dir and kills it on drop.
+//! - `workloads`: the six workloads and the bounded client loop they share.
+//! - `stats`: latency percentiles, one workload's result, and medians across runs.
+//! - `report`: the stdout table, the markdown table and the JSON document.
+//!
+//! Start at `workloads::run_workload`.
+
+pub mod report;
+pub mod server;
+pub mod stats;
+pub mod workloads;
