@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use skerry_store::grpc::authority::AuthorityFix;
 use skerry_store::grpc::{EtcdApi, MemberInfo, router};
+use tokio_stream::StreamExt;
 use skerry_store::{Store, StoreConfig};
 use tracing::info;
 
@@ -144,7 +146,13 @@ fn server(args: ServerArgs) -> Result<()> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut servers = Vec::new();
         for (url, listener) in args.listen_client_urls.iter().zip(listeners) {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
+                conn.map(|stream| {
+                    // Requests are small and latency-bound: do not wait to coalesce segments.
+                    let _ = stream.set_nodelay(true);
+                    AuthorityFix::new(stream)
+                })
+            });
             let mut stop = stop_rx.clone();
             let serve = router(api.clone()).serve_with_incoming_shutdown(incoming, async move {
                 let _ = stop.wait_for(|s| *s).await;

@@ -4,6 +4,7 @@
 //! Every error crosses the wire here, in one place ([`status`]), with etcd's gRPC code and
 //! message text, because clients match on both.
 
+pub mod authority;
 mod kv;
 mod lease;
 mod maintenance;
