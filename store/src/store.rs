@@ -136,6 +136,8 @@ struct Shared {
     /// The command index of the last applied command.
     applied_index: std::sync::atomic::AtomicU64,
     stopping: AtomicBool,
+    /// Durable commits made by the writer: with group commit, fewer than the writes.
+    durable_commits: std::sync::atomic::AtomicU64,
     /// Set when the writer could not commit: the store refuses further work.
     failed: AtomicBool,
     sync_wakeup: (Mutex<bool>, Condvar),
@@ -211,6 +213,7 @@ impl Store {
             member_id: loaded.member_id,
             applied_index: loaded.applied_index.into(),
             stopping: AtomicBool::new(false),
+            durable_commits: 0.into(),
             failed: AtomicBool::new(false),
             sync_wakeup: (Mutex::new(false), Condvar::new()),
             progress_notify_interval: config.progress_notify_interval,
@@ -279,6 +282,11 @@ impl Store {
             revision,
             raft_term: RAFT_TERM,
         }
+    }
+
+    /// Durable (fsynced) commits so far: how well writes are being grouped.
+    pub fn durable_commits(&self) -> u64 {
+        self.shared.durable_commits.load(Ordering::Relaxed)
     }
 
     pub fn hub(&self) -> &WatchHub {
@@ -810,6 +818,7 @@ impl Writer {
         }
         txn.commit()?;
         drop(db);
+        self.shared.durable_commits.fetch_add(1, Ordering::Relaxed);
         // Published only now that the batch is durable: a reader never sees a write that a
         // crash could take back, and a caller is answered only after its write is durable.
         self.shared.applied_index.store(self.applied_index, Ordering::Release);
