@@ -12,8 +12,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use skerry_store::grpc::authority::AuthorityFix;
 use skerry_store::grpc::{EtcdApi, MemberInfo, router};
-use tokio_stream::StreamExt;
 use skerry_store::{Store, StoreConfig};
+use tokio_stream::StreamExt;
 use tracing::info;
 
 /// etcd's default client URL, so that `etcdctl` with no flags talks to `skerry server`.
@@ -24,7 +24,11 @@ const LISTEN_CLIENT_URL_DEFAULT: &str = "http://127.0.0.1:2379";
 const DATA_DIR_DEFAULT: &str = ".skerry/store";
 
 #[derive(Parser)]
-#[command(name = "skerry", version, about = "Kubernetes as a three-node appliance (today: its etcd-compatible store)")]
+#[command(
+    name = "skerry",
+    version,
+    about = "Kubernetes as a three-node appliance (today: its etcd-compatible store)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -88,14 +92,19 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Server(args) => server(args),
-        Command::Snapshot { command: SnapshotCommand::Restore { file, data_dir } } => {
+        Command::Snapshot {
+            command: SnapshotCommand::Restore { file, data_dir },
+        } => {
             let revision = skerry_store::snapshot::restore(&file, &data_dir)
                 .with_context(|| format!("restore {}", file.display()))?;
             println!("restored revision {revision} into {}", data_dir.display());
             Ok(())
         }
-        Command::Snapshot { command: SnapshotCommand::Verify { file } } => {
-            skerry_store::snapshot::verify(&file).with_context(|| format!("verify {}", file.display()))?;
+        Command::Snapshot {
+            command: SnapshotCommand::Verify { file },
+        } => {
+            skerry_store::snapshot::verify(&file)
+                .with_context(|| format!("verify {}", file.display()))?;
             println!("{}: intact skerry snapshot", file.display());
             Ok(())
         }
@@ -106,27 +115,37 @@ fn server(args: ServerArgs) -> Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log_level))
         .context("parse --log-level")?;
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 
     let addrs = args
         .listen_client_urls
         .iter()
         .map(|url| parse_client_url(url).with_context(|| format!("--listen-client-urls {url}")))
         .collect::<Result<Vec<_>>>()?;
-    let advertise =
-        if args.advertise_client_urls.is_empty() { args.listen_client_urls.clone() } else { args.advertise_client_urls.clone() };
+    let advertise = if args.advertise_client_urls.is_empty() {
+        args.listen_client_urls.clone()
+    } else {
+        args.advertise_client_urls.clone()
+    };
     for url in &advertise {
         parse_client_url(url).with_context(|| format!("--advertise-client-urls {url}"))?;
     }
     let data_dir = match args.data_dir {
         Some(dir) => dir,
         None => {
-            let home = std::env::var_os("HOME").context("no --data-dir given and $HOME is not set")?;
+            let home =
+                std::env::var_os("HOME").context("no --data-dir given and $HOME is not set")?;
             PathBuf::from(home).join(DATA_DIR_DEFAULT)
         }
     };
 
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start runtime")?;
     runtime.block_on(async move {
         // Bind before opening the store: a port in use is reported without touching the data.
         let mut listeners = Vec::new();
@@ -141,7 +160,11 @@ fn server(args: ServerArgs) -> Result<()> {
         let store = Store::open(config).context("open store")?;
         let api = EtcdApi::new(
             store.clone(),
-            MemberInfo { name: args.name.clone(), client_urls: advertise, peer_urls: Vec::new() },
+            MemberInfo {
+                name: args.name.clone(),
+                client_urls: advertise,
+                peer_urls: Vec::new(),
+            },
         );
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut servers = Vec::new();
@@ -158,7 +181,10 @@ fn server(args: ServerArgs) -> Result<()> {
                 let _ = stop.wait_for(|s| *s).await;
             });
             servers.push(tokio::spawn(serve));
-            println!("skerry: serving etcd v3 API on {url} (data dir {})", data_dir.display());
+            println!(
+                "skerry: serving etcd v3 API on {url} (data dir {})",
+                data_dir.display()
+            );
         }
         info!(name = %args.name, data_dir = %data_dir.display(), "skerry server started");
         shutdown_signal().await;
@@ -184,13 +210,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}
@@ -207,7 +234,9 @@ fn parse_client_url(url: &str) -> Result<SocketAddr> {
     };
     match scheme {
         "http" => {}
-        "https" => bail!("https needs client TLS (--cert-file/--key-file), which arrives with the Raft issue"),
+        "https" => bail!(
+            "https needs client TLS (--cert-file/--key-file), which arrives with the Raft issue"
+        ),
         other => bail!("unsupported scheme {other:?}: expected http"),
     }
     let host_port = rest.trim_end_matches('/');
@@ -219,14 +248,20 @@ fn parse_client_url(url: &str) -> Result<SocketAddr> {
     } else {
         host_port.to_string()
     };
-    host_port.parse::<SocketAddr>().map_err(|_| anyhow::anyhow!("expected http://IP:PORT with a numeric IP and port"))
+    host_port
+        .parse::<SocketAddr>()
+        .map_err(|_| anyhow::anyhow!("expected http://IP:PORT with a numeric IP and port"))
 }
 
 /// Parses a Go-style duration: `10m`, `5s`, `500ms`, `1h`.
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let n: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 10m, 5s or 500ms"))?;
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 10m, 5s or 500ms"))?;
     let d = match unit {
         "ms" => Duration::from_millis(n),
         "s" => Duration::from_secs(n),
@@ -246,8 +281,14 @@ mod tests {
 
     #[test]
     fn client_urls_parse_as_etcd_writes_them() {
-        assert_eq!(parse_client_url("http://127.0.0.1:2379").ok(), "127.0.0.1:2379".parse().ok());
-        assert_eq!(parse_client_url("http://localhost:2379").ok(), "127.0.0.1:2379".parse().ok());
+        assert_eq!(
+            parse_client_url("http://127.0.0.1:2379").ok(),
+            "127.0.0.1:2379".parse().ok()
+        );
+        assert_eq!(
+            parse_client_url("http://localhost:2379").ok(),
+            "127.0.0.1:2379".parse().ok()
+        );
         assert!(parse_client_url("127.0.0.1:2379").is_err());
         assert!(parse_client_url("http://127.0.0.1").is_err());
         assert!(parse_client_url("ftp://127.0.0.1:1").is_err());

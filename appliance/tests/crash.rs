@@ -42,7 +42,10 @@ impl Server {
             .expect("spawn skerry");
         let deadline = Instant::now() + START_TIMEOUT;
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "skerry did not start listening on {port}");
+            assert!(
+                Instant::now() < deadline,
+                "skerry did not start listening on {port}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         Server { child, port }
@@ -66,7 +69,11 @@ impl Drop for Server {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
 }
 
 fn key(client: u64) -> Bytes {
@@ -75,7 +82,10 @@ fn key(client: u64) -> Bytes {
 
 async fn read(kv: &mut KvClient<tonic::transport::Channel>, client: u64) -> Option<(u64, i64)> {
     let resp = kv
-        .range(RangeRequest { key: key(client), ..Default::default() })
+        .range(RangeRequest {
+            key: key(client),
+            ..Default::default()
+        })
         .await
         .expect("range after restart")
         .into_inner();
@@ -87,7 +97,10 @@ async fn read(kv: &mut KvClient<tonic::transport::Channel>, client: u64) -> Opti
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_kill_9() {
-    let rounds = std::env::var("SKERRY_CRASH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS_DEFAULT);
+    let rounds = std::env::var("SKERRY_CRASH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(ROUNDS_DEFAULT);
     let dir = tempfile::tempdir().expect("tempdir");
     let acked: Arc<Vec<AtomicU64>> = Arc::new((0..CLIENTS).map(|_| AtomicU64::new(0)).collect());
     let mut last_revision = 0i64;
@@ -101,20 +114,32 @@ async fn acknowledged_writes_survive_kill_9() {
             let want = acked[client as usize].load(Ordering::SeqCst);
             let got = read(&mut kv, client).await;
             let (value, version) = got.unwrap_or((0, 0));
-            assert!(value >= want, "round {round}: client {client} acknowledged {want} but the store holds {value}");
+            assert!(
+                value >= want,
+                "round {round}: client {client} acknowledged {want} but the store holds {value}"
+            );
             // Counters are put in order from 1 with no deletes: version == value.
-            assert_eq!(version as u64, value, "round {round}: client {client}: history has a gap");
+            assert_eq!(
+                version as u64, value,
+                "round {round}: client {client}: history has a gap"
+            );
             acked[client as usize].store(value, Ordering::SeqCst);
         }
         let revision = kv
-            .range(RangeRequest { key: key(0), ..Default::default() })
+            .range(RangeRequest {
+                key: key(0),
+                ..Default::default()
+            })
             .await
             .expect("range")
             .into_inner()
             .header
             .expect("header")
             .revision;
-        assert!(revision >= last_revision, "revision went back from {last_revision} to {revision}");
+        assert!(
+            revision >= last_revision,
+            "revision went back from {last_revision} to {revision}"
+        );
         last_revision = revision;
 
         let mut writers = Vec::new();
@@ -122,11 +147,17 @@ async fn acknowledged_writes_survive_kill_9() {
             let acked = acked.clone();
             let endpoint = endpoint.clone();
             writers.push(tokio::spawn(async move {
-                let Ok(mut kv) = KvClient::connect(endpoint).await else { return 0u64 };
+                let Ok(mut kv) = KvClient::connect(endpoint).await else {
+                    return 0u64;
+                };
                 let mut done = 0;
                 let mut next = acked[client as usize].load(Ordering::SeqCst) + 1;
                 loop {
-                    let put = PutRequest { key: key(client), value: Bytes::from(next.to_string()), ..Default::default() };
+                    let put = PutRequest {
+                        key: key(client),
+                        value: Bytes::from(next.to_string()),
+                        ..Default::default()
+                    };
                     match kv.put(put).await {
                         Ok(_) => {
                             acked[client as usize].store(next, Ordering::SeqCst);
@@ -140,7 +171,9 @@ async fn acknowledged_writes_survive_kill_9() {
         }
         let run_for = Duration::from_millis(rand::rng().random_range(100..600));
         tokio::time::sleep(run_for).await;
-        tokio::task::spawn_blocking(move || server.kill()).await.expect("kill");
+        tokio::task::spawn_blocking(move || server.kill())
+            .await
+            .expect("kill");
         for w in writers {
             total_acked += w.await.expect("writer");
         }
@@ -150,7 +183,10 @@ async fn acknowledged_writes_survive_kill_9() {
     for client in 0..CLIENTS {
         let want = acked[client as usize].load(Ordering::SeqCst);
         let (value, _) = read(&mut kv, client).await.unwrap_or((0, 0));
-        assert!(value >= want, "final: client {client} acknowledged {want} but the store holds {value}");
+        assert!(
+            value >= want,
+            "final: client {client} acknowledged {want} but the store holds {value}"
+        );
     }
     assert!(total_acked > 0, "no write was acknowledged at all");
     eprintln!("crash test: {rounds} kills, {total_acked} acknowledged writes, all survived");

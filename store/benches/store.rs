@@ -24,27 +24,34 @@ const WAL_CHECKPOINT_BATCHES: u64 = 50;
 
 fn durability(c: &mut Criterion) {
     let mut group = c.benchmark_group("durability");
-    group.sample_size(20).measurement_time(Duration::from_secs(4));
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(4));
     for batch in [1u64, 64, 512] {
         group.throughput(Throughput::Elements(batch));
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Database::create(dir.path().join("a.redb")).expect("create");
         let value = vec![7u8; VALUE_BYTES];
         let mut rev = 0u64;
-        group.bench_with_input(BenchmarkId::new("redb_immediate_per_batch", batch), &batch, |b, &n| {
-            b.iter(|| {
-                let mut txn = db.begin_write().expect("begin");
-                txn.set_durability(Durability::Immediate).expect("durability");
-                {
-                    let mut t = txn.open_table(TABLE).expect("table");
-                    for _ in 0..n {
-                        rev += 1;
-                        t.insert((rev, 0), value.as_slice()).expect("insert");
+        group.bench_with_input(
+            BenchmarkId::new("redb_immediate_per_batch", batch),
+            &batch,
+            |b, &n| {
+                b.iter(|| {
+                    let mut txn = db.begin_write().expect("begin");
+                    txn.set_durability(Durability::Immediate)
+                        .expect("durability");
+                    {
+                        let mut t = txn.open_table(TABLE).expect("table");
+                        for _ in 0..n {
+                            rev += 1;
+                            t.insert((rev, 0), value.as_slice()).expect("insert");
+                        }
                     }
-                }
-                txn.commit().expect("commit");
-            })
-        });
+                    txn.commit().expect("commit");
+                })
+            },
+        );
         let db = Database::create(dir.path().join("b.redb")).expect("create");
         let mut wal = std::fs::OpenOptions::new()
             .create(true)
@@ -56,76 +63,99 @@ fn durability(c: &mut Criterion) {
         wal.set_len(256 << 20).expect("preallocate");
         wal.sync_all().expect("sync");
         let mut batches = 0u64;
-        group.bench_with_input(BenchmarkId::new("wal_fsync_redb_lazy", batch), &batch, |b, &n| {
-            b.iter(|| {
-                let mut record = Vec::with_capacity(VALUE_BYTES * n as usize);
-                for _ in 0..n {
-                    record.extend_from_slice(&value);
-                }
-                wal.write_all(&record).expect("append");
-                wal.sync_data().expect("fdatasync");
-                let mut txn = db.begin_write().expect("begin");
-                txn.set_durability(Durability::None).expect("durability");
-                {
-                    let mut t = txn.open_table(TABLE).expect("table");
+        group.bench_with_input(
+            BenchmarkId::new("wal_fsync_redb_lazy", batch),
+            &batch,
+            |b, &n| {
+                b.iter(|| {
+                    let mut record = Vec::with_capacity(VALUE_BYTES * n as usize);
                     for _ in 0..n {
-                        rev += 1;
-                        t.insert((rev, 0), value.as_slice()).expect("insert");
+                        record.extend_from_slice(&value);
                     }
-                }
-                txn.commit().expect("commit");
-                batches += 1;
-                if batches % WAL_CHECKPOINT_BATCHES == 0 {
+                    wal.write_all(&record).expect("append");
+                    wal.sync_data().expect("fdatasync");
                     let mut txn = db.begin_write().expect("begin");
-                    txn.set_durability(Durability::Immediate).expect("durability");
-                    txn.commit().expect("checkpoint");
-                    if wal.metadata().map(|m| m.len()).unwrap_or(0) > 0 {
-                        use std::io::Seek;
-                        wal.seek(std::io::SeekFrom::Start(0)).expect("rewind");
+                    txn.set_durability(Durability::None).expect("durability");
+                    {
+                        let mut t = txn.open_table(TABLE).expect("table");
+                        for _ in 0..n {
+                            rev += 1;
+                            t.insert((rev, 0), value.as_slice()).expect("insert");
+                        }
                     }
-                }
-            })
-        });
+                    txn.commit().expect("commit");
+                    batches += 1;
+                    if batches % WAL_CHECKPOINT_BATCHES == 0 {
+                        let mut txn = db.begin_write().expect("begin");
+                        txn.set_durability(Durability::Immediate)
+                            .expect("durability");
+                        txn.commit().expect("checkpoint");
+                        if wal.metadata().map(|m| m.len()).unwrap_or(0) > 0 {
+                            use std::io::Seek;
+                            wal.seek(std::io::SeekFrom::Start(0)).expect("rewind");
+                        }
+                    }
+                })
+            },
+        );
     }
     group.finish();
 }
 
 fn put(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(StoreConfig::new(dir.path())).expect("open");
     let mut group = c.benchmark_group("put");
-    group.sample_size(20).measurement_time(Duration::from_secs(5));
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(5));
     let value = Bytes::from(vec![1u8; VALUE_BYTES]);
     for clients in [1usize, 64] {
         group.throughput(Throughput::Elements(clients as u64));
         let mut counter = 0u64;
-        group.bench_with_input(BenchmarkId::new("concurrent_callers", clients), &clients, |b, &n| {
-            b.iter(|| {
-                runtime.block_on(async {
-                    let mut tasks = Vec::with_capacity(n);
-                    for _ in 0..n {
-                        counter += 1;
-                        let store = store.clone();
-                        let key = Bytes::from(format!("bench/{counter:08}"));
-                        let value = value.clone();
-                        tasks.push(tokio::spawn(async move {
-                            store.put(PutRequest { key, value, ..Default::default() }).await
-                        }));
-                    }
-                    for t in tasks {
-                        black_box(t.await.expect("join").expect("put"));
-                    }
+        group.bench_with_input(
+            BenchmarkId::new("concurrent_callers", clients),
+            &clients,
+            |b, &n| {
+                b.iter(|| {
+                    runtime.block_on(async {
+                        let mut tasks = Vec::with_capacity(n);
+                        for _ in 0..n {
+                            counter += 1;
+                            let store = store.clone();
+                            let key = Bytes::from(format!("bench/{counter:08}"));
+                            let value = value.clone();
+                            tasks.push(tokio::spawn(async move {
+                                store
+                                    .put(PutRequest {
+                                        key,
+                                        value,
+                                        ..Default::default()
+                                    })
+                                    .await
+                            }));
+                        }
+                        for t in tasks {
+                            black_box(t.await.expect("join").expect("put"));
+                        }
+                    })
                 })
-            })
-        });
+            },
+        );
     }
     group.finish();
     drop(store);
 }
 
 fn range(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(StoreConfig::new(dir.path())).expect("open");
     runtime.block_on(async {

@@ -44,9 +44,15 @@ impl KeyRange {
         if range_end.is_empty() {
             KeyRange::Single(key.clone())
         } else if range_end.as_ref() == [0] {
-            KeyRange::Span { start: key.clone(), end: None }
+            KeyRange::Span {
+                start: key.clone(),
+                end: None,
+            }
         } else {
-            KeyRange::Span { start: key.clone(), end: Some(range_end.clone()) }
+            KeyRange::Span {
+                start: key.clone(),
+                end: Some(range_end.clone()),
+            }
         }
     }
 
@@ -95,12 +101,24 @@ impl KeyIndex {
     /// # Panics
     /// If `rev` is not above the key's last entry: the writer assigns revisions in order.
     pub fn put(&mut self, key: &Bytes, rev: Rev) {
-        self.push(key, Entry { rev, tombstone: false });
+        self.push(
+            key,
+            Entry {
+                rev,
+                tombstone: false,
+            },
+        );
     }
 
     /// Records a delete of `key` at `rev`.
     pub fn tombstone(&mut self, key: &Bytes, rev: Rev) {
-        self.push(key, Entry { rev, tombstone: true });
+        self.push(
+            key,
+            Entry {
+                rev,
+                tombstone: true,
+            },
+        );
     }
 
     fn push(&mut self, key: &Bytes, entry: Entry) {
@@ -109,7 +127,12 @@ impl KeyIndex {
             None => self.keys.entry(key.clone()).or_default(),
         };
         if let Some(last) = entries.last() {
-            assert!(last.rev < entry.rev, "index entry {:?} after {:?}", entry.rev, last.rev);
+            assert!(
+                last.rev < entry.rev,
+                "index entry {:?} after {:?}",
+                entry.rev,
+                last.rev
+            );
         }
         entries.push(entry);
     }
@@ -187,7 +210,11 @@ impl KeyIndex {
         }
         let keep_from = visible_position - 1;
         let kept = entries[keep_from];
-        let drop_to = if kept.tombstone && kept.rev.main < at { visible_position } else { keep_from };
+        let drop_to = if kept.tombstone && kept.rev.main < at {
+            visible_position
+        } else {
+            keep_from
+        };
         removed.extend(entries.drain(..drop_to).map(|e| e.rev));
         if entries.is_empty() {
             self.keys.remove(key);
@@ -236,7 +263,11 @@ mod tests {
         assert_eq!(index.get(b"a", 7), None);
         assert_eq!(index.get(b"a", 8), Some(Rev::new(8, 1)));
         assert_eq!(index.previous(b"a", Rev::new(4, 0)), Some(Rev::new(2, 0)));
-        assert_eq!(index.previous(b"a", Rev::new(8, 1)), None, "a re-creation has no prev_kv");
+        assert_eq!(
+            index.previous(b"a", Rev::new(8, 1)),
+            None,
+            "a re-creation has no prev_kv"
+        );
     }
 
     #[test]
@@ -256,11 +287,23 @@ mod tests {
         removed.sort();
         assert_eq!(
             removed,
-            vec![Rev::new(2, 0), Rev::new(3, 0), Rev::new(3, 1), Rev::new(5, 0)]
+            vec![
+                Rev::new(2, 0),
+                Rev::new(3, 0),
+                Rev::new(3, 1),
+                Rev::new(5, 0)
+            ]
         );
         assert_eq!(index.get(b"a", 7), Some(Rev::new(4, 0)));
-        assert!(index.entries(b"d").is_none(), "a key deleted before the compaction is gone");
-        assert_eq!(index.entries(b"t").map(<[Entry]>::len), Some(1), "tombstone at `at` kept");
+        assert!(
+            index.entries(b"d").is_none(),
+            "a key deleted before the compaction is gone"
+        );
+        assert_eq!(
+            index.entries(b"t").map(<[Entry]>::len),
+            Some(1),
+            "tombstone at `at` kept"
+        );
     }
 
     #[test]
@@ -272,6 +315,8 @@ mod tests {
         assert!(prefix.contains(b"foo/bar"));
         assert!(!prefix.contains(b"fop"));
         let single = KeyRange::new(&b("k"), &Bytes::new());
-        assert!(single.overlaps(&prefix) == false && single.overlaps(&KeyRange::new(&b("a"), &b("z"))));
+        assert!(
+            single.overlaps(&prefix) == false && single.overlaps(&KeyRange::new(&b("a"), &b("z")))
+        );
     }
 }

@@ -140,7 +140,11 @@ mod tests {
         let later = Instant::now() + Duration::from_secs(3);
         assert_eq!(lessor.take_expired(Instant::now(), 10), Vec::<i64>::new());
         assert_eq!(lessor.take_expired(later, 10), vec![7]);
-        assert_eq!(lessor.take_expired(later, 10), Vec::<i64>::new(), "already revoking");
+        assert_eq!(
+            lessor.take_expired(later, 10),
+            Vec::<i64>::new(),
+            "already revoking"
+        );
         lessor.revoke_failed(7);
         assert_eq!(lessor.take_expired(later, 10), vec![7]);
     }
@@ -152,7 +156,13 @@ mod tests {
         let lease = lessor.get(1).expect("granted");
         let now = Instant::now();
         assert_eq!(Lessor::remaining_seconds(lease, now), 10);
-        assert_eq!(Lessor::remaining_seconds(lease, now + Duration::from_millis(9_500)), 1);
-        assert_eq!(Lessor::remaining_seconds(lease, now + Duration::from_secs(11)), -1);
+        assert_eq!(
+            Lessor::remaining_seconds(lease, now + Duration::from_millis(9_500)),
+            1
+        );
+        assert_eq!(
+            Lessor::remaining_seconds(lease, now + Duration::from_secs(11)),
+            -1
+        );
     }
 }

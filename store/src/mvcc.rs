@@ -68,7 +68,11 @@ pub(crate) fn decode_row(row: &[u8]) -> Result<(bool, KeyValue), StoreError> {
     let tombstone = match kind {
         ROW_PUT => false,
         ROW_TOMBSTONE => true,
-        other => return Err(StoreError::Storage(format!("kv row of unknown kind {other}"))),
+        other => {
+            return Err(StoreError::Storage(format!(
+                "kv row of unknown kind {other}"
+            )));
+        }
     };
     Ok((tombstone, KeyValue::decode(body)?))
 }
@@ -120,12 +124,18 @@ pub(crate) fn range<T: ReadableTable<(u64, u64), &'static [u8]>>(
     current: i64,
     compacted: i64,
 ) -> Result<RangeResponse, StoreError> {
-    let at = if req.revision <= 0 { current } else { req.revision };
+    let at = if req.revision <= 0 {
+        current
+    } else {
+        req.revision
+    };
     if at > current {
         return Err(StoreError::FutureRevision);
     }
     if at < compacted {
-        return Err(StoreError::Compacted { compact_revision: compacted });
+        return Err(StoreError::Compacted {
+            compact_revision: compacted,
+        });
     }
     let filtering = req.min_mod_revision != 0
         || req.max_mod_revision != 0
@@ -140,7 +150,9 @@ pub(crate) fn range<T: ReadableTable<(u64, u64), &'static [u8]>>(
     {
         usize::MAX
     } else {
-        usize::try_from(req.limit).unwrap_or(usize::MAX).saturating_add(1)
+        usize::try_from(req.limit)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1)
     };
     let key_range = KeyRange::new(&req.key, &req.range_end);
     let mut count: i64 = 0;
@@ -203,12 +215,20 @@ pub(crate) fn range<T: ReadableTable<(u64, u64), &'static [u8]>>(
             kv.value = Bytes::new();
         }
     }
-    Ok(RangeResponse { header: Some(revision_header(current)), kvs, more, count })
+    Ok(RangeResponse {
+        header: Some(revision_header(current)),
+        kvs,
+        more,
+        count,
+    })
 }
 
 /// The header of a response nested in a txn: etcd fills only the revision there.
 pub(crate) fn revision_header(revision: i64) -> ResponseHeader {
-    ResponseHeader { revision, ..Default::default() }
+    ResponseHeader {
+        revision,
+        ..Default::default()
+    }
 }
 
 /// One write transaction's view while commands are applied: the table, the pending revision
@@ -233,12 +253,20 @@ struct TxnWrite<'x, 'a, 't> {
 impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
     fn new(apply: &'x mut Apply<'a, 't>) -> Self {
         let begin = *apply.rev;
-        Self { apply, begin, sub: 0 }
+        Self {
+            apply,
+            begin,
+            sub: 0,
+        }
     }
 
     /// The revision reads in this txn see: the pending one once something was written.
     fn read_rev(&self) -> i64 {
-        if self.sub > 0 { self.begin + 1 } else { self.begin }
+        if self.sub > 0 {
+            self.begin + 1
+        } else {
+            self.begin
+        }
     }
 
     fn next_rev(&mut self) -> Rev {
@@ -299,7 +327,9 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
             value,
             lease,
         };
-        self.apply.table.insert(rev.to_row_key(), encode_row(false, &kv).as_slice())?;
+        self.apply
+            .table
+            .insert(rev.to_row_key(), encode_row(false, &kv).as_slice())?;
         self.apply.mvcc.index.write().put(&req.key, rev);
         {
             let mut lessor = self.apply.mvcc.lessor.lock();
@@ -322,20 +352,33 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
         })
     }
 
-    fn delete_range(&mut self, req: &DeleteRangeRequest) -> Result<DeleteRangeResponse, StoreError> {
+    fn delete_range(
+        &mut self,
+        req: &DeleteRangeRequest,
+    ) -> Result<DeleteRangeResponse, StoreError> {
         let key_range = KeyRange::new(&req.key, &req.range_end);
         let mut doomed = Vec::new();
-        self.apply.mvcc.index.read().visit(&key_range, self.read_rev(), |key, rev| {
-            doomed.push((key.clone(), rev));
-            true
-        });
+        self.apply
+            .mvcc
+            .index
+            .read()
+            .visit(&key_range, self.read_rev(), |key, rev| {
+                doomed.push((key.clone(), rev));
+                true
+            });
         let mut prev_kvs = Vec::with_capacity(if req.prev_kv { doomed.len() } else { 0 });
         let deleted = doomed.len() as i64;
         for (key, old) in doomed {
             let prev = read_kv(&*self.apply.table, old)?;
             let rev = self.next_rev();
-            let tombstone = KeyValue { key: key.clone(), mod_revision: rev.main, ..Default::default() };
-            self.apply.table.insert(rev.to_row_key(), encode_row(true, &tombstone).as_slice())?;
+            let tombstone = KeyValue {
+                key: key.clone(),
+                mod_revision: rev.main,
+                ..Default::default()
+            };
+            self.apply
+                .table
+                .insert(rev.to_row_key(), encode_row(true, &tombstone).as_slice())?;
             self.apply.mvcc.index.write().tombstone(&key, rev);
             if prev.lease != 0 {
                 self.apply.mvcc.lessor.lock().detach(prev.lease, &key);
@@ -367,7 +410,11 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
             }
         }
         path.push(succeeded);
-        let ops = if succeeded { &txn.success } else { &txn.failure };
+        let ops = if succeeded {
+            &txn.success
+        } else {
+            &txn.failure
+        };
         for op in ops {
             if let Some(request_op::Request::RequestTxn(nested)) = &op.request {
                 self.path(nested, path)?;
@@ -379,12 +426,16 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
     fn compare(&self, c: &Compare) -> Result<bool, StoreError> {
         let key_range = KeyRange::new(&c.key, &c.range_end);
         let mut revs = Vec::new();
-        self.apply.mvcc.index.read().visit(&key_range, self.read_rev(), |_, rev| {
-            revs.push(rev);
-            true
-        });
-        let target = compare::CompareTarget::try_from(c.target)
-            .unwrap_or(compare::CompareTarget::Version);
+        self.apply
+            .mvcc
+            .index
+            .read()
+            .visit(&key_range, self.read_rev(), |_, rev| {
+                revs.push(rev);
+                true
+            });
+        let target =
+            compare::CompareTarget::try_from(c.target).unwrap_or(compare::CompareTarget::Version);
         if revs.is_empty() {
             // A missing key has no value to compare; its version and revisions read as 0.
             if target == compare::CompareTarget::Value {
@@ -411,7 +462,11 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
     ) -> Result<(), StoreError> {
         let succeeded = path[*position];
         *position += 1;
-        let ops = if succeeded { &txn.success } else { &txn.failure };
+        let ops = if succeeded {
+            &txn.success
+        } else {
+            &txn.failure
+        };
         for op in ops {
             match &op.request {
                 Some(request_op::Request::RequestPut(put)) => self.check_put(put)?,
@@ -442,7 +497,11 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
     ) -> Result<TxnResponse, StoreError> {
         let succeeded = path[*position];
         *position += 1;
-        let ops: &[RequestOp] = if succeeded { &txn.success } else { &txn.failure };
+        let ops: &[RequestOp] = if succeeded {
+            &txn.success
+        } else {
+            &txn.failure
+        };
         let mut responses = Vec::with_capacity(ops.len());
         for op in ops {
             let response = match &op.request {
@@ -460,7 +519,9 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
                 }
                 None => continue,
             };
-            responses.push(ResponseOp { response: Some(response) });
+            responses.push(ResponseOp {
+                response: Some(response),
+            });
         }
         Ok(TxnResponse {
             header: Some(revision_header(self.read_rev())),
@@ -471,8 +532,8 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
 }
 
 fn compare_kv(c: &Compare, target: compare::CompareTarget, kv: &KeyValue) -> bool {
-    use std::cmp::Ordering as O;
     use compare::TargetUnion as U;
+    use std::cmp::Ordering as O;
     let ordering = match target {
         compare::CompareTarget::Value => {
             let expected: &[u8] = match &c.target_union {
@@ -556,7 +617,10 @@ impl<'a, 't> Apply<'a, 't> {
         };
         let mut txn = TxnWrite::new(self);
         for key in keys {
-            txn.delete_range(&DeleteRangeRequest { key, ..Default::default() })?;
+            txn.delete_range(&DeleteRangeRequest {
+                key,
+                ..Default::default()
+            })?;
         }
         let rev = txn.finish();
         self.leases.remove(id)?;
@@ -567,7 +631,9 @@ impl<'a, 't> Apply<'a, 't> {
 
 /// etcd's static txn checks that need no state: the duplicate-key rule. A key may not be put
 /// twice, nor put and deleted, in one txn (nested txns included); deletes may overlap.
-pub(crate) fn check_intervals(ops: &[RequestOp]) -> Result<(Vec<KeyRange>, HashSet<Bytes>), StoreError> {
+pub(crate) fn check_intervals(
+    ops: &[RequestOp],
+) -> Result<(Vec<KeyRange>, HashSet<Bytes>), StoreError> {
     let mut dels: Vec<KeyRange> = Vec::new();
     let mut puts: HashSet<Bytes> = HashSet::new();
     for op in ops {
@@ -575,10 +641,8 @@ pub(crate) fn check_intervals(ops: &[RequestOp]) -> Result<(Vec<KeyRange>, HashS
             Some(request_op::Request::RequestDeleteRange(d)) => {
                 dels.push(KeyRange::new(&d.key, &d.range_end));
             }
-            Some(request_op::Request::RequestPut(p)) => {
-                if !puts.insert(p.key.clone()) {
-                    return Err(StoreError::DuplicateKey);
-                }
+            Some(request_op::Request::RequestPut(p)) if !puts.insert(p.key.clone()) => {
+                return Err(StoreError::DuplicateKey);
             }
             Some(request_op::Request::RequestTxn(t)) => {
                 let (success_dels, success_puts) = check_intervals(&t.success)?;
@@ -627,18 +691,23 @@ mod tests {
 
     fn del_op(key: &str, end: &str) -> RequestOp {
         RequestOp {
-            request: Some(request_op::Request::RequestDeleteRange(DeleteRangeRequest {
-                key: Bytes::copy_from_slice(key.as_bytes()),
-                range_end: Bytes::copy_from_slice(end.as_bytes()),
-                ..Default::default()
-            })),
+            request: Some(request_op::Request::RequestDeleteRange(
+                DeleteRangeRequest {
+                    key: Bytes::copy_from_slice(key.as_bytes()),
+                    range_end: Bytes::copy_from_slice(end.as_bytes()),
+                    ..Default::default()
+                },
+            )),
         }
     }
 
     #[test]
     fn duplicate_keys_in_a_txn_are_refused_as_etcd_does() {
         assert!(check_intervals(&[put_op("a"), put_op("b")]).is_ok());
-        assert_eq!(check_intervals(&[put_op("a"), put_op("a")]).err(), Some(StoreError::DuplicateKey));
+        assert_eq!(
+            check_intervals(&[put_op("a"), put_op("a")]).err(),
+            Some(StoreError::DuplicateKey)
+        );
         assert_eq!(
             check_intervals(&[del_op("a", "c"), put_op("b")]).err(),
             Some(StoreError::DuplicateKey)
@@ -652,12 +721,19 @@ mod tests {
             })),
         };
         assert!(check_intervals(std::slice::from_ref(&nested)).is_ok());
-        assert_eq!(check_intervals(&[put_op("x"), nested]).err(), Some(StoreError::DuplicateKey));
+        assert_eq!(
+            check_intervals(&[put_op("x"), nested]).err(),
+            Some(StoreError::DuplicateKey)
+        );
     }
 
     #[test]
     fn rows_round_trip_and_garbage_is_an_error() {
-        let kv = KeyValue { key: Bytes::from_static(b"k"), version: 3, ..Default::default() };
+        let kv = KeyValue {
+            key: Bytes::from_static(b"k"),
+            version: 3,
+            ..Default::default()
+        };
         let row = encode_row(true, &kv);
         assert_eq!(decode_row(&row).ok(), Some((true, kv)));
         assert!(decode_row(&[]).is_err());

@@ -75,7 +75,11 @@ fn len32(bytes: &[u8]) -> Result<u32, StoreError> {
 
 /// Writes the snapshot of `txn`'s view; returns the revision it holds.
 pub fn write(txn: &ReadTransaction, out: &mut impl Write) -> Result<i64, StoreError> {
-    let mut w = HashingWriter { inner: out, hasher: Sha256::new(), written: 0 };
+    let mut w = HashingWriter {
+        inner: out,
+        hasher: Sha256::new(),
+        written: 0,
+    };
     w.write(SNAPSHOT_MAGIC)?;
     w.write(&SNAPSHOT_VERSION.to_be_bytes())?;
     let meta = txn.open_table(META)?;
@@ -88,7 +92,11 @@ pub fn write(txn: &ReadTransaction, out: &mut impl Write) -> Result<i64, StoreEr
         if key.value() == META_REVISION {
             revision = i64::try_from(value.value()).unwrap_or(0);
         }
-        w.record(TAG_META, key.value().as_bytes(), &value.value().to_be_bytes())?;
+        w.record(
+            TAG_META,
+            key.value().as_bytes(),
+            &value.value().to_be_bytes(),
+        )?;
     }
     let kv = txn.open_table(KV)?;
     for row in kv.iter()? {
@@ -102,7 +110,11 @@ pub fn write(txn: &ReadTransaction, out: &mut impl Write) -> Result<i64, StoreEr
     let leases = txn.open_table(LEASES)?;
     for row in leases.iter()? {
         let (id, ttl) = row?;
-        w.record(TAG_LEASE, &id.value().to_be_bytes(), &ttl.value().to_be_bytes())?;
+        w.record(
+            TAG_LEASE,
+            &id.value().to_be_bytes(),
+            &ttl.value().to_be_bytes(),
+        )?;
     }
     w.write(&[TAG_END])?;
     let padding = (BODY_ALIGN_BYTES - w.written % BODY_ALIGN_BYTES) % BODY_ALIGN_BYTES;
@@ -119,9 +131,9 @@ struct HashingReader<R: Read> {
 
 impl<R: Read> HashingReader<R> {
     fn exact(&mut self, buf: &mut [u8]) -> Result<(), StoreError> {
-        self.inner
-            .read_exact(buf)
-            .map_err(|e| StoreError::DataDir(format!("snapshot is truncated or unreadable: {e}")))?;
+        self.inner.read_exact(buf).map_err(|e| {
+            StoreError::DataDir(format!("snapshot is truncated or unreadable: {e}"))
+        })?;
         self.hasher.update(&*buf);
         Ok(())
     }
@@ -131,7 +143,9 @@ impl<R: Read> HashingReader<R> {
         self.exact(&mut len)?;
         let len = u32::from_be_bytes(len);
         if len > RECORD_FIELD_BYTES_MAX {
-            return Err(StoreError::DataDir(format!("snapshot record of {len} bytes is not valid")));
+            return Err(StoreError::DataDir(format!(
+                "snapshot record of {len} bytes is not valid"
+            )));
         }
         let mut buf = vec![0u8; len as usize];
         self.exact(&mut buf)?;
@@ -149,8 +163,9 @@ fn be_u64(bytes: &[u8]) -> Result<u64, StoreError> {
 /// Creates a new data dir from a snapshot file. The data dir must not hold a store already.
 /// The restored member gets new cluster and member ids, as `etcdctl snapshot restore` does.
 pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
-    let file = std::fs::File::open(snapshot)
-        .map_err(|e| StoreError::DataDir(format!("cannot open snapshot {}: {e}", snapshot.display())))?;
+    let file = std::fs::File::open(snapshot).map_err(|e| {
+        StoreError::DataDir(format!("cannot open snapshot {}: {e}", snapshot.display()))
+    })?;
     let db_path = data_dir.join(crate::store::DB_FILE_NAME);
     if db_path.exists() {
         return Err(StoreError::DataDir(format!(
@@ -160,7 +175,10 @@ pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
     }
     verify(snapshot)?;
     std::fs::create_dir_all(data_dir)?;
-    let mut r = HashingReader { inner: std::io::BufReader::new(file), hasher: Sha256::new() };
+    let mut r = HashingReader {
+        inner: std::io::BufReader::new(file),
+        hasher: Sha256::new(),
+    };
     let mut magic = [0u8; 16];
     r.exact(&mut magic)?;
     if &magic != SNAPSHOT_MAGIC {
@@ -172,7 +190,9 @@ pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
     let mut version = [0u8; 4];
     r.exact(&mut version)?;
     if u32::from_be_bytes(version) != SNAPSHOT_VERSION {
-        return Err(StoreError::DataDir("snapshot version is not one this skerry reads".into()));
+        return Err(StoreError::DataDir(
+            "snapshot version is not one this skerry reads".into(),
+        ));
     }
     let tmp_path = data_dir.join(".restore.redb.tmp");
     let _ = std::fs::remove_file(&tmp_path);
@@ -193,8 +213,9 @@ pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
             let value = r.field()?;
             match tag[0] {
                 TAG_META => {
-                    let name = std::str::from_utf8(&key)
-                        .map_err(|_| StoreError::DataDir("snapshot meta name is not UTF-8".into()))?;
+                    let name = std::str::from_utf8(&key).map_err(|_| {
+                        StoreError::DataDir("snapshot meta name is not UTF-8".into())
+                    })?;
                     let number = be_u64(&value)?;
                     if name == META_REVISION {
                         revision = i64::try_from(number).unwrap_or(0);
@@ -203,7 +224,9 @@ pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
                 }
                 TAG_KV => {
                     if key.len() != 16 {
-                        return Err(StoreError::DataDir("snapshot kv record has a bad revision".into()));
+                        return Err(StoreError::DataDir(
+                            "snapshot kv record has a bad revision".into(),
+                        ));
                     }
                     mvcc::decode_row(&value)
                         .map_err(|e| StoreError::DataDir(format!("snapshot kv record: {e}")))?;
@@ -215,7 +238,9 @@ pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
                     leases.insert(id, ttl)?;
                 }
                 other => {
-                    return Err(StoreError::DataDir(format!("snapshot has a record of unknown kind {other}")));
+                    return Err(StoreError::DataDir(format!(
+                        "snapshot has a record of unknown kind {other}"
+                    )));
                 }
             }
         }
@@ -236,8 +261,11 @@ pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
 pub fn verify(snapshot: &Path) -> Result<(), StoreError> {
     let mut file = std::fs::File::open(snapshot)?;
     let len = file.metadata()?.len();
-    if len < BODY_ALIGN_BYTES + DIGEST_BYTES as u64 || len % BODY_ALIGN_BYTES != DIGEST_BYTES as u64 {
-        return Err(StoreError::DataDir(format!("snapshot of {len} bytes is truncated or not a skerry snapshot")));
+    if len < BODY_ALIGN_BYTES + DIGEST_BYTES as u64 || len % BODY_ALIGN_BYTES != DIGEST_BYTES as u64
+    {
+        return Err(StoreError::DataDir(format!(
+            "snapshot of {len} bytes is truncated or not a skerry snapshot"
+        )));
     }
     let mut hasher = Sha256::new();
     let body = len - DIGEST_BYTES as u64;
@@ -246,7 +274,9 @@ pub fn verify(snapshot: &Path) -> Result<(), StoreError> {
     let mut digest = [0u8; DIGEST_BYTES];
     file.read_exact(&mut digest)?;
     if hasher.finalize()[..] != digest[..] {
-        return Err(StoreError::DataDir("snapshot digest does not match its contents".into()));
+        return Err(StoreError::DataDir(
+            "snapshot digest does not match its contents".into(),
+        ));
     }
     Ok(())
 }

@@ -99,7 +99,10 @@ pub struct StoreConfig {
 
 impl StoreConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        Self { data_dir: data_dir.into(), progress_notify_interval: PROGRESS_NOTIFY_INTERVAL_DEFAULT }
+        Self {
+            data_dir: data_dir.into(),
+            progress_notify_interval: PROGRESS_NOTIFY_INTERVAL_DEFAULT,
+        }
     }
 }
 
@@ -117,9 +120,17 @@ pub enum CommandResult {
 type Reply = oneshot::Sender<Result<CommandResult, StoreError>>;
 
 enum WriterMsg {
-    Command { command: Command, physical: bool, reply: Reply },
-    Defragment { reply: oneshot::Sender<Result<(), StoreError>> },
-    Stats { reply: oneshot::Sender<Result<u64, StoreError>> },
+    Command {
+        command: Command,
+        physical: bool,
+        reply: Reply,
+    },
+    Defragment {
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    Stats {
+        reply: oneshot::Sender<Result<u64, StoreError>>,
+    },
     Shutdown,
 }
 
@@ -207,7 +218,12 @@ impl Store {
                 lessor: Mutex::new(loaded.lessor),
             },
             db: RwLock::new(db),
-            hub: WatchHub::new(loaded.revision, loaded.cluster_id, loaded.member_id, RAFT_TERM),
+            hub: WatchHub::new(
+                loaded.revision,
+                loaded.cluster_id,
+                loaded.member_id,
+                RAFT_TERM,
+            ),
             path,
             cluster_id: loaded.cluster_id,
             member_id: loaded.member_id,
@@ -228,18 +244,27 @@ impl Store {
             physical_waiters: Vec::new(),
         };
         if loaded.compact_finished < loaded.compact_revision {
-            writer.compaction =
-                Some(CompactionJob { at: loaded.compact_revision, cursor: None });
+            writer.compaction = Some(CompactionJob {
+                at: loaded.compact_revision,
+                cursor: None,
+            });
         }
         let mut threads = Vec::new();
         threads.push(spawn("skerry-writer", move || writer.run())?);
         let syncer_shared = shared.clone();
-        threads.push(spawn("skerry-watch-sync", move || run_syncer(&syncer_shared))?);
+        threads.push(spawn("skerry-watch-sync", move || {
+            run_syncer(&syncer_shared)
+        })?);
         let lessor_shared = shared.clone();
         let lessor_tx = tx.clone();
-        threads.push(spawn("skerry-lessor", move || run_lessor(&lessor_shared, &lessor_tx))?);
+        threads.push(spawn("skerry-lessor", move || {
+            run_lessor(&lessor_shared, &lessor_tx)
+        })?);
         Ok(Store {
-            _guard: Arc::new(StopGuard { shared: shared.clone(), writer: tx.clone() }),
+            _guard: Arc::new(StopGuard {
+                shared: shared.clone(),
+                writer: tx.clone(),
+            }),
             shared,
             writer: tx,
             threads: Arc::new(Mutex::new(threads)),
@@ -359,14 +384,20 @@ impl Store {
         }
         let ttl = ttl.max(LEASE_TTL_MIN_SECONDS);
         let id = if id == 0 { self.fresh_lease_id() } else { id };
-        match self.propose(Cmd::LeaseGrant(LeaseGrantRequest { ttl, id }), false).await? {
+        match self
+            .propose(Cmd::LeaseGrant(LeaseGrantRequest { ttl, id }), false)
+            .await?
+        {
             CommandResult::LeaseGrant { id, ttl, .. } => Ok((id, ttl)),
             other => Err(unexpected(&other)),
         }
     }
 
     pub async fn lease_revoke(&self, id: i64) -> Result<i64, StoreError> {
-        match self.propose(Cmd::LeaseRevoke(LeaseRevokeRequest { id }), false).await? {
+        match self
+            .propose(Cmd::LeaseRevoke(LeaseRevokeRequest { id }), false)
+            .await?
+        {
             CommandResult::LeaseRevoke { revision } => Ok(revision),
             other => Err(unexpected(&other)),
         }
@@ -382,7 +413,11 @@ impl Store {
         let lessor = self.shared.mvcc.lessor.lock();
         let lease = lessor.get(id)?;
         let remaining = Lessor::remaining_seconds(lease, Instant::now());
-        let attached = if keys { lease.keys.iter().cloned().collect() } else { Vec::new() };
+        let attached = if keys {
+            lease.keys.iter().cloned().collect()
+        } else {
+            Vec::new()
+        };
         Some((remaining, lease.ttl_seconds, attached))
     }
 
@@ -412,7 +447,9 @@ impl Store {
         let (reply, rx) = oneshot::channel();
         self.send(WriterMsg::Stats { reply }).await?;
         let in_use = rx.await.map_err(|_| StoreError::Stopped)??;
-        let db_size = fs::metadata(&self.shared.path).map(|m| m.len()).unwrap_or(0);
+        let db_size = fs::metadata(&self.shared.path)
+            .map(|m| m.len())
+            .unwrap_or(0);
         Ok(StoreStatus {
             revision: self.revision(),
             compact_revision: self.compact_revision(),
@@ -433,7 +470,9 @@ impl Store {
         let txn = self.shared.db.read().begin_read()?;
         let compacted = self.shared.mvcc.compact_rev();
         if from < compacted {
-            return Err(StoreError::Compacted { compact_revision: compacted });
+            return Err(StoreError::Compacted {
+                compact_revision: compacted,
+            });
         }
         let table = txn.open_table(KV)?;
         read_events(&table, &self.shared.mvcc.index, from, through, true)
@@ -441,8 +480,15 @@ impl Store {
 
     async fn propose(&self, command: Cmd, physical: bool) -> Result<CommandResult, StoreError> {
         let (reply, rx) = oneshot::channel();
-        let command = Command { command: Some(command) };
-        self.send(WriterMsg::Command { command, physical, reply }).await?;
+        let command = Command {
+            command: Some(command),
+        };
+        self.send(WriterMsg::Command {
+            command,
+            physical,
+            reply,
+        })
+        .await?;
         rx.await.map_err(|_| StoreError::Stopped)?
     }
 
@@ -462,16 +508,22 @@ fn header_revision(header: &Option<ResponseHeader>) -> i64 {
 }
 
 fn unexpected(result: &CommandResult) -> StoreError {
-    StoreError::Storage(format!("writer answered with the wrong result kind: {result:?}"))
+    StoreError::Storage(format!(
+        "writer answered with the wrong result kind: {result:?}"
+    ))
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, StoreError> {
-    std::thread::Builder::new().name(name.into()).spawn(f).map_err(StoreError::from)
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(StoreError::from)
 }
 
 /// Opens the database file, refusing a data dir that is not a skerry store or is in use.
 fn open_database(dir: &Path) -> Result<Database, StoreError> {
-    let dir_error = |what: String| StoreError::DataDir(format!("data dir {}: {what}", dir.display()));
+    let dir_error =
+        |what: String| StoreError::DataDir(format!("data dir {}: {what}", dir.display()));
     if dir.exists() && !dir.is_dir() {
         return Err(dir_error("exists and is not a directory".into()));
     }
@@ -492,11 +544,16 @@ fn open_database(dir: &Path) -> Result<Database, StoreError> {
         }
     } else {
         let mut magic = [0u8; 4];
-        let mut file = fs::File::open(&path).map_err(|e| dir_error(format!("cannot open {DB_FILE_NAME}: {e}")))?;
+        let mut file = fs::File::open(&path)
+            .map_err(|e| dir_error(format!("cannot open {DB_FILE_NAME}: {e}")))?;
         use std::io::Read;
-        let read = file.read(&mut magic).map_err(|e| dir_error(format!("cannot read {DB_FILE_NAME}: {e}")))?;
-        if read > 0 && magic[..read] != REDB_MAGIC[..read.min(REDB_MAGIC.len())] || (read > 0 && read < 4) {
-            return Err(dir_error(format!("{DB_FILE_NAME} is not a skerry store file")));
+        let read = file
+            .read(&mut magic)
+            .map_err(|e| dir_error(format!("cannot read {DB_FILE_NAME}: {e}")))?;
+        if read > 0 && (read < REDB_MAGIC.len() || magic[..] != *REDB_MAGIC) {
+            return Err(dir_error(format!(
+                "{DB_FILE_NAME} is not a skerry store file"
+            )));
         }
     }
     let opened = std::panic::catch_unwind(|| Database::builder().create(&path));
@@ -532,7 +589,9 @@ fn load(db: &Database) -> Result<Loaded, StoreError> {
         match format {
             None => {
                 if meta.len()? > 0 {
-                    return Err(StoreError::DataDir("store file has no format marker".into()));
+                    return Err(StoreError::DataDir(
+                        "store file has no format marker".into(),
+                    ));
                 }
                 meta.insert(META_FORMAT, mvcc::FORMAT_VERSION)?;
                 meta.insert(META_CLUSTER_ID, rand::random::<u64>() >> 1)?;
@@ -556,7 +615,9 @@ fn load(db: &Database) -> Result<Loaded, StoreError> {
     let get = |key: &str| -> Result<u64, StoreError> {
         Ok(meta.get(key)?.map(|g| g.value()).unwrap_or(0))
     };
-    let as_rev = |v: u64| i64::try_from(v).map_err(|_| StoreError::Storage(format!("revision {v} out of range")));
+    let as_rev = |v: u64| {
+        i64::try_from(v).map_err(|_| StoreError::Storage(format!("revision {v} out of range")))
+    };
     let revision = as_rev(get(META_REVISION)?)?;
     let compact_revision = as_rev(get(META_COMPACT_REVISION)?)?;
     let compact_finished = as_rev(get(META_COMPACT_FINISHED)?)?;
@@ -572,7 +633,9 @@ fn load(db: &Database) -> Result<Loaded, StoreError> {
         let (key, value) = row?;
         let rev = Rev::from_row_key(key.value());
         if rev <= last {
-            return Err(StoreError::Storage(format!("kv rows out of order at {rev:?}")));
+            return Err(StoreError::Storage(format!(
+                "kv rows out of order at {rev:?}"
+            )));
         }
         last = rev;
         let (tombstone, kv) = mvcc::decode_row(value.value())?;
@@ -638,7 +701,11 @@ fn read_events<T: ReadableTable<(u64, u64), &'static [u8]>>(
         let prev_kv = if with_prev {
             let prev_rev = index.read().previous(&kv.key, rev);
             match prev_rev {
-                Some(p) => table.get(p.to_row_key())?.map(|g| mvcc::decode_row(g.value())).transpose()?.map(|(_, kv)| kv),
+                Some(p) => table
+                    .get(p.to_row_key())?
+                    .map(|g| mvcc::decode_row(g.value()))
+                    .transpose()?
+                    .map(|(_, kv)| kv),
                 None => None,
             }
         } else {
@@ -650,7 +717,11 @@ fn read_events<T: ReadableTable<(u64, u64), &'static [u8]>>(
         } else {
             EventType::Put
         };
-        events.push(Event { r#type: r#type as i32, kv: Some(kv), prev_kv });
+        events.push(Event {
+            r#type: r#type as i32,
+            kv: Some(kv),
+            prev_kv,
+        });
     }
     Ok(events)
 }
@@ -699,7 +770,11 @@ impl Writer {
             let mut next = Some(first);
             while let Some(msg) = next.take() {
                 match msg {
-                    WriterMsg::Command { command, physical, reply } => {
+                    WriterMsg::Command {
+                        command,
+                        physical,
+                        reply,
+                    } => {
                         commands.push((command, physical, reply));
                     }
                     other => others.push(other),
@@ -760,7 +835,8 @@ impl Writer {
     fn apply_batch(&mut self, commands: Vec<(Command, bool, Reply)>) -> Result<(), StoreError> {
         let db = self.shared.db.read();
         let mut txn = db.begin_write()?;
-        txn.set_durability(Durability::Immediate).map_err(StoreError::storage)?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(StoreError::storage)?;
         let mut events = Vec::new();
         let mut results = Vec::with_capacity(commands.len());
         let mut new_compaction = None;
@@ -783,18 +859,26 @@ impl Writer {
                         apply.delete_range(&req).map(CommandResult::DeleteRange)
                     }
                     Some(Cmd::Txn(req)) => apply.txn(&req).map(CommandResult::Txn),
-                    Some(Cmd::LeaseGrant(req)) => apply
-                        .lease_grant(req.id, req.ttl)
-                        .map(|revision| CommandResult::LeaseGrant { id: req.id, ttl: req.ttl, revision }),
-                    Some(Cmd::LeaseRevoke(req)) => {
-                        apply.lease_revoke(req.id).map(|revision| CommandResult::LeaseRevoke { revision })
+                    Some(Cmd::LeaseGrant(req)) => {
+                        apply.lease_grant(req.id, req.ttl).map(|revision| {
+                            CommandResult::LeaseGrant {
+                                id: req.id,
+                                ttl: req.ttl,
+                                revision,
+                            }
+                        })
                     }
+                    Some(Cmd::LeaseRevoke(req)) => apply
+                        .lease_revoke(req.id)
+                        .map(|revision| CommandResult::LeaseRevoke { revision }),
                     Some(Cmd::Compaction(req)) => {
                         let floor = new_compaction.unwrap_or(self.shared.mvcc.compact_rev());
                         if req.revision > self.rev {
                             Err(StoreError::FutureRevision)
                         } else if req.revision <= floor {
-                            Err(StoreError::Compacted { compact_revision: floor })
+                            Err(StoreError::Compacted {
+                                compact_revision: floor,
+                            })
                         } else {
                             meta.insert(META_COMPACT_REVISION, req.revision as u64)?;
                             new_compaction = Some(req.revision);
@@ -821,8 +905,13 @@ impl Writer {
         self.shared.durable_commits.fetch_add(1, Ordering::Relaxed);
         // Published only now that the batch is durable: a reader never sees a write that a
         // crash could take back, and a caller is answered only after its write is durable.
-        self.shared.applied_index.store(self.applied_index, Ordering::Release);
-        self.shared.mvcc.current_rev.store(self.rev, Ordering::Release);
+        self.shared
+            .applied_index
+            .store(self.applied_index, Ordering::Release);
+        self.shared
+            .mvcc
+            .current_rev
+            .store(self.rev, Ordering::Release);
         if let Some(at) = new_compaction {
             self.shared.mvcc.compact_rev.store(at, Ordering::Release);
             self.compaction = Some(CompactionJob { at, cursor: None });
@@ -840,12 +929,20 @@ impl Writer {
     /// [`COMPACTION_BATCH_KEYS`] keys. Its commit need not be durable: after a crash the
     /// recorded compaction revision is still there and compaction simply runs again.
     fn compaction_step(&mut self) -> Result<(), StoreError> {
-        let Some(job) = self.compaction.as_mut() else { return Ok(()) };
+        let Some(job) = self.compaction.as_mut() else {
+            return Ok(());
+        };
         let at = job.at;
-        let keys = self.shared.mvcc.index.read().keys_after(job.cursor.as_ref(), COMPACTION_BATCH_KEYS);
+        let keys = self
+            .shared
+            .mvcc
+            .index
+            .read()
+            .keys_after(job.cursor.as_ref(), COMPACTION_BATCH_KEYS);
         let db = self.shared.db.read();
         let mut txn = db.begin_write()?;
-        txn.set_durability(Durability::None).map_err(StoreError::storage)?;
+        txn.set_durability(Durability::None)
+            .map_err(StoreError::storage)?;
         let done = keys.is_empty();
         {
             let mut table = txn.open_table(KV)?;
@@ -870,8 +967,10 @@ impl Writer {
         if done {
             info!(revision = at, "finished compaction");
             self.compaction = None;
-            let (ready, waiting): (Vec<_>, Vec<_>) =
-                self.physical_waiters.drain(..).partition(|(target, _)| *target <= at);
+            let (ready, waiting): (Vec<_>, Vec<_>) = self
+                .physical_waiters
+                .drain(..)
+                .partition(|(target, _)| *target <= at);
             self.physical_waiters = waiting;
             for (_, reply) in ready {
                 let _ = reply.send(Ok(CommandResult::Compact { revision: self.rev }));
@@ -897,7 +996,9 @@ impl Writer {
                 Err(e) => return Err(StoreError::storage(e)),
             }
         }
-        Err(StoreError::Storage("defragment: reads kept the database busy; try again".into()))
+        Err(StoreError::Storage(
+            "defragment: reads kept the database busy; try again".into(),
+        ))
     }
 
     fn in_use_bytes(&self) -> Result<u64, StoreError> {
@@ -952,7 +1053,9 @@ fn sync_round(shared: &Shared) -> Result<(), StoreError> {
             live.push(w);
         }
     }
-    let Some(from) = live.iter().map(|w| w.next_rev).min() else { return Ok(()) };
+    let Some(from) = live.iter().map(|w| w.next_rev).min() else {
+        return Ok(());
+    };
     let through = current.min(from.saturating_add(WATCH_SYNC_REVISIONS_MAX - 1));
     let table = txn.open_table(KV)?;
     let with_prev = live.iter().any(|w| w.prev_kv);
@@ -964,11 +1067,25 @@ fn sync_round(shared: &Shared) -> Result<(), StoreError> {
         let mine: Vec<Event> = events
             .iter()
             .filter(|e| {
-                e.kv.as_ref().is_some_and(|kv| kv.mod_revision >= w.next_rev && w.range.contains(&kv.key))
+                e.kv.as_ref()
+                    .is_some_and(|kv| kv.mod_revision >= w.next_rev && w.range.contains(&kv.key))
             })
-            .map(|e| if w.prev_kv { e.clone() } else { Event { prev_kv: None, ..e.clone() } })
+            .map(|e| {
+                if w.prev_kv {
+                    e.clone()
+                } else {
+                    Event {
+                        prev_kv: None,
+                        ..e.clone()
+                    }
+                }
+            })
             .collect();
-        if !shared.hub.deliver_history(w.stream, w.watch_id, mine, through) || through < current {
+        if !shared
+            .hub
+            .deliver_history(w.stream, w.watch_id, mine, through)
+            || through < current
+        {
             any_behind = true;
         }
     }
@@ -982,14 +1099,26 @@ fn sync_round(shared: &Shared) -> Result<(), StoreError> {
 fn run_lessor(shared: &Shared, writer: &mpsc::Sender<WriterMsg>) {
     while !shared.stopping.load(Ordering::Acquire) {
         std::thread::sleep(LEASE_EXPIRY_CHECK_INTERVAL);
-        let expired =
-            shared.mvcc.lessor.lock().take_expired(Instant::now(), LEASE_REVOKES_PER_CHECK_MAX);
+        let expired = shared
+            .mvcc
+            .lessor
+            .lock()
+            .take_expired(Instant::now(), LEASE_REVOKES_PER_CHECK_MAX);
         // All revocations go to the writer at once so they share one group commit.
         let mut pending = Vec::with_capacity(expired.len());
         for id in expired {
             let (reply, rx) = oneshot::channel();
-            let command = Command { command: Some(Cmd::LeaseRevoke(LeaseRevokeRequest { id })) };
-            if writer.blocking_send(WriterMsg::Command { command, physical: false, reply }).is_err() {
+            let command = Command {
+                command: Some(Cmd::LeaseRevoke(LeaseRevokeRequest { id })),
+            };
+            if writer
+                .blocking_send(WriterMsg::Command {
+                    command,
+                    physical: false,
+                    reply,
+                })
+                .is_err()
+            {
                 return;
             }
             pending.push((id, rx));
@@ -1006,7 +1135,6 @@ fn run_lessor(shared: &Shared, writer: &mpsc::Sender<WriterMsg>) {
         }
     }
 }
-
 
 impl Store {
     /// The data dir this store lives in.
@@ -1026,7 +1154,9 @@ impl Store {
             return Err(StoreError::FutureRevision);
         }
         if at < compacted {
-            return Err(StoreError::Compacted { compact_revision: compacted });
+            return Err(StoreError::Compacted {
+                compact_revision: compacted,
+            });
         }
         let table = txn.open_table(KV)?;
         let mut hasher = crc32fast::Hasher::new();

@@ -66,7 +66,11 @@ fn check_put(req: &PutRequest) -> Result<(), StoreError> {
 
 /// etcd's `checkTxnRequest`: the op budget shrinks with nesting.
 fn check_txn(req: &TxnRequest, ops_max: usize) -> Result<(), StoreError> {
-    let ops = req.compare.len().max(req.success.len()).max(req.failure.len());
+    let ops = req
+        .compare
+        .len()
+        .max(req.success.len())
+        .max(req.failure.len());
     if ops > ops_max {
         return Err(StoreError::TooManyOps);
     }
@@ -108,9 +112,15 @@ mod tests {
                 ..Default::default()
             })),
         };
-        let ok = TxnRequest { success: vec![op.clone(); TXN_OPS_MAX], ..Default::default() };
+        let ok = TxnRequest {
+            success: vec![op.clone(); TXN_OPS_MAX],
+            ..Default::default()
+        };
         assert_eq!(txn(&ok), Ok(()));
-        let too_many = TxnRequest { success: vec![op; TXN_OPS_MAX + 1], ..Default::default() };
+        let too_many = TxnRequest {
+            success: vec![op; TXN_OPS_MAX + 1],
+            ..Default::default()
+        };
         assert_eq!(txn(&too_many), Err(StoreError::TooManyOps));
         let big = PutRequest {
             key: Bytes::from_static(b"k"),

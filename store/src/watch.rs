@@ -20,7 +20,9 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 use crate::index::KeyRange;
-use crate::pb::etcdserverpb::{ResponseHeader, WatchCreateRequest, WatchResponse, watch_create_request};
+use crate::pb::etcdserverpb::{
+    ResponseHeader, WatchCreateRequest, WatchResponse, watch_create_request,
+};
 use crate::pb::mvccpb::{Event, event::EventType};
 
 /// Responses queued per watch stream before its watchers are treated as slow (etcd's
@@ -61,14 +63,22 @@ impl Watcher {
         if kv.mod_revision < self.next_rev || !self.range.contains(&kv.key) {
             return false;
         }
-        if event.r#type == EventType::Delete as i32 { !self.no_delete } else { !self.no_put }
+        if event.r#type == EventType::Delete as i32 {
+            !self.no_delete
+        } else {
+            !self.no_put
+        }
     }
 
     fn shape(&self, event: &Event) -> Event {
         if self.prev_kv {
             event.clone()
         } else {
-            Event { r#type: event.r#type, kv: event.kv.clone(), prev_kv: None }
+            Event {
+                r#type: event.r#type,
+                kv: event.kv.clone(),
+                prev_kv: None,
+            }
         }
     }
 }
@@ -125,14 +135,25 @@ pub struct WatchHub {
 impl WatchHub {
     pub fn new(current_rev: i64, cluster_id: u64, member_id: u64, raft_term: u64) -> Self {
         Self {
-            inner: Mutex::new(HubInner { current_rev, ..Default::default() }),
-            header: ResponseHeader { cluster_id, member_id, revision: 0, raft_term },
+            inner: Mutex::new(HubInner {
+                current_rev,
+                ..Default::default()
+            }),
+            header: ResponseHeader {
+                cluster_id,
+                member_id,
+                revision: 0,
+                raft_term,
+            },
             sync_wakeup: tokio::sync::Notify::new(),
         }
     }
 
     fn header(&self, revision: i64) -> Option<ResponseHeader> {
-        Some(ResponseHeader { revision, ..self.header.clone() })
+        Some(ResponseHeader {
+            revision,
+            ..self.header
+        })
     }
 
     /// Opens a stream; its responses arrive on the receiver.
@@ -143,7 +164,12 @@ impl WatchHub {
         inner.next_stream_id += 1;
         inner.streams.insert(
             id,
-            Stream { tx: tx.clone(), watch_ids: BTreeSet::new(), next_watch_id: 0, progress_pending: false },
+            Stream {
+                tx: tx.clone(),
+                watch_ids: BTreeSet::new(),
+                next_watch_id: 0,
+                progress_pending: false,
+            },
         );
         (id, tx, rx)
     }
@@ -168,7 +194,10 @@ impl WatchHub {
     ) -> Result<i64, CreateError> {
         let mut inner = self.inner.lock();
         let current = inner.current_rev;
-        let s = inner.streams.get_mut(&stream).ok_or(CreateError::StreamClosed)?;
+        let s = inner
+            .streams
+            .get_mut(&stream)
+            .ok_or(CreateError::StreamClosed)?;
         let watch_id = if req.watch_id != 0 {
             if s.watch_ids.contains(&req.watch_id) {
                 return Err(CreateError::DuplicateId);
@@ -185,7 +214,11 @@ impl WatchHub {
         // A start revision at or below the published one needs history; anything else (0 is
         // "from now") is served live from the next revision.
         let synced = req.start_revision <= 0 || req.start_revision > current;
-        let next_rev = if req.start_revision <= 0 { current + 1 } else { req.start_revision };
+        let next_rev = if req.start_revision <= 0 {
+            current + 1
+        } else {
+            req.start_revision
+        };
         let watcher = Watcher {
             range: KeyRange::new(&req.key, &req.range_end),
             next_rev,
@@ -217,7 +250,10 @@ impl WatchHub {
     /// Cancels a watcher; returns whether it existed.
     pub fn cancel(&self, stream: u64, watch_id: i64) -> bool {
         let mut inner = self.inner.lock();
-        let existed = inner.streams.get_mut(&stream).is_some_and(|s| s.watch_ids.remove(&watch_id));
+        let existed = inner
+            .streams
+            .get_mut(&stream)
+            .is_some_and(|s| s.watch_ids.remove(&watch_id));
         if existed {
             inner.remove_watcher((stream, watch_id));
         }
@@ -243,7 +279,11 @@ impl WatchHub {
             for event in events {
                 let Some(kv) = &event.kv else { continue };
                 let single = inner.synced_keys.get(kv.key.as_ref());
-                for key in single.into_iter().flatten().chain(inner.synced_ranges.iter()) {
+                for key in single
+                    .into_iter()
+                    .flatten()
+                    .chain(inner.synced_ranges.iter())
+                {
                     if let Some(w) = inner.watchers.get(key)
                         && w.wants(event)
                     {
@@ -256,9 +296,16 @@ impl WatchHub {
         let mut closed = Vec::new();
         let mut fell_behind = false;
         for (key, events) in batches {
-            let Some(stream) = inner.streams.get(&key.0) else { continue };
-            let Some(w) = inner.watchers.get(&key) else { continue };
-            let first_rev = events.first().and_then(|e| e.kv.as_ref()).map_or(revision, |kv| kv.mod_revision);
+            let Some(stream) = inner.streams.get(&key.0) else {
+                continue;
+            };
+            let Some(w) = inner.watchers.get(&key) else {
+                continue;
+            };
+            let first_rev = events
+                .first()
+                .and_then(|e| e.kv.as_ref())
+                .map_or(revision, |kv| kv.mod_revision);
             let out = WatchOut {
                 response: WatchResponse {
                     header: self.header(revision),
@@ -337,15 +384,16 @@ impl WatchHub {
     pub fn compacted(&self, stream: u64, watch_id: i64, compact_revision: i64) {
         let mut inner = self.inner.lock();
         let revision = inner.current_rev;
-        let Some(s) = inner.streams.get_mut(&stream) else { return };
+        let Some(s) = inner.streams.get_mut(&stream) else {
+            return;
+        };
         let sent = s.tx.try_send(WatchOut {
             response: WatchResponse {
                 header: self.header(revision),
                 watch_id,
                 canceled: true,
                 compact_revision,
-                cancel_reason: crate::error::StoreError::Compacted { compact_revision }
-                    .to_string(),
+                cancel_reason: crate::error::StoreError::Compacted { compact_revision }.to_string(),
                 ..Default::default()
             },
             fragment: false,
@@ -360,16 +408,26 @@ impl WatchHub {
     /// Queues replayed history (`events`, every one at or after the watcher's `next_rev`, up
     /// to revision `through`) and, when nothing newer was published meanwhile, moves the
     /// watcher back to synced. Returns false if the queue was full (retry later).
-    pub fn deliver_history(&self, stream: u64, watch_id: i64, events: Vec<Event>, through: i64) -> bool {
+    pub fn deliver_history(
+        &self,
+        stream: u64,
+        watch_id: i64,
+        events: Vec<Event>,
+        through: i64,
+    ) -> bool {
         let mut inner = self.inner.lock();
         let key = (stream, watch_id);
         let current = inner.current_rev;
-        let Some(w) = inner.watchers.get(&key) else { return true };
+        let Some(w) = inner.watchers.get(&key) else {
+            return true;
+        };
         if w.synced {
             return true;
         }
         if !events.is_empty() {
-            let Some(s) = inner.streams.get(&stream) else { return true };
+            let Some(s) = inner.streams.get(&stream) else {
+                return true;
+            };
             let out = WatchOut {
                 response: WatchResponse {
                     header: self.header(current),
@@ -396,8 +454,12 @@ impl WatchHub {
     /// Streams whose progress request is still owed (the syncer retries them).
     pub fn retry_progress(&self) {
         let mut inner = self.inner.lock();
-        let pending: Vec<u64> =
-            inner.streams.iter().filter(|(_, s)| s.progress_pending).map(|(id, _)| *id).collect();
+        let pending: Vec<u64> = inner
+            .streams
+            .iter()
+            .filter(|(_, s)| s.progress_pending)
+            .map(|(id, _)| *id)
+            .collect();
         for stream in pending {
             inner.answer_progress(stream, &self.header);
         }
@@ -406,7 +468,11 @@ impl WatchHub {
     /// Counts for tests and status: (watchers, unsynced watchers, streams).
     pub fn counts(&self) -> (usize, usize, usize) {
         let inner = self.inner.lock();
-        (inner.watchers.len(), inner.unsynced.len(), inner.streams.len())
+        (
+            inner.watchers.len(),
+            inner.unsynced.len(),
+            inner.streams.len(),
+        )
     }
 
     pub fn current_rev(&self) -> i64 {
@@ -462,7 +528,9 @@ impl HubInner {
     }
 
     fn unsync(&mut self, key: WatcherKey, next_rev: i64) {
-        let Some(w) = self.watchers.get_mut(&key) else { return };
+        let Some(w) = self.watchers.get_mut(&key) else {
+            return;
+        };
         if !w.synced {
             return;
         }
@@ -474,7 +542,9 @@ impl HubInner {
     }
 
     fn resync(&mut self, key: WatcherKey) {
-        let Some(w) = self.watchers.get_mut(&key) else { return };
+        let Some(w) = self.watchers.get_mut(&key) else {
+            return;
+        };
         if w.synced {
             return;
         }
@@ -486,7 +556,9 @@ impl HubInner {
 
     fn answer_progress(&mut self, stream: u64, header: &ResponseHeader) {
         let revision = self.current_rev;
-        let Some(s) = self.streams.get(&stream) else { return };
+        let Some(s) = self.streams.get(&stream) else {
+            return;
+        };
         if !s.progress_pending {
             return;
         }
@@ -499,7 +571,10 @@ impl HubInner {
         }
         let sent = s.tx.try_send(WatchOut {
             response: WatchResponse {
-                header: Some(ResponseHeader { revision, ..header.clone() }),
+                header: Some(ResponseHeader {
+                    revision,
+                    ..*header
+                }),
                 watch_id: STREAM_PROGRESS_WATCH_ID,
                 ..Default::default()
             },

@@ -26,7 +26,11 @@ fn open(dir: &std::path::Path) -> Store {
 
 async fn put(store: &Store, key: &str, value: &str) -> i64 {
     store
-        .put(PutRequest { key: b(key), value: b(value), ..Default::default() })
+        .put(PutRequest {
+            key: b(key),
+            value: b(value),
+            ..Default::default()
+        })
         .await
         .expect("put")
         .header
@@ -35,14 +39,26 @@ async fn put(store: &Store, key: &str, value: &str) -> i64 {
 }
 
 async fn recv(rx: &mut mpsc::Receiver<WatchOut>) -> WatchResponse {
-    tokio::time::timeout(WAIT, rx.recv()).await.expect("watch response in time").expect("stream open").response
+    tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .expect("watch response in time")
+        .expect("stream open")
+        .response
 }
 
 async fn watch(store: &Store, key: &str, end: &str, start: i64) -> (u64, mpsc::Receiver<WatchOut>) {
     let (stream, tx, mut rx) = store.hub().open_stream();
     let permit = tx.reserve().await.expect("reserve");
-    let req = WatchCreateRequest { key: b(key), range_end: b(end), start_revision: start, ..Default::default() };
-    store.hub().create(stream, &req, permit).expect("create watch");
+    let req = WatchCreateRequest {
+        key: b(key),
+        range_end: b(end),
+        start_revision: start,
+        ..Default::default()
+    };
+    store
+        .hub()
+        .create(stream, &req, permit)
+        .expect("create watch");
     assert!(recv(&mut rx).await.created);
     (stream, rx)
 }
@@ -66,7 +82,10 @@ async fn concurrent_writes_share_durable_commits() {
     revisions.dedup();
     assert_eq!(revisions.len(), 256, "each put took its own revision");
     let commits = store.durable_commits() - before;
-    assert!(commits < 256, "256 concurrent puts took {commits} fsynced commits: no grouping");
+    assert!(
+        commits < 256,
+        "256 concurrent puts took {commits} fsynced commits: no grouping"
+    );
     store.close();
 }
 
@@ -85,7 +104,10 @@ async fn a_slow_watcher_falls_back_to_history_and_misses_nothing() {
         let resp = recv(&mut slow).await;
         for e in resp.events {
             let kv = e.kv.expect("kv");
-            seen.push((kv.mod_revision, String::from_utf8(kv.value.to_vec()).expect("utf8")));
+            seen.push((
+                kv.mod_revision,
+                String::from_utf8(kv.value.to_vec()).expect("utf8"),
+            ));
         }
     }
     let expected: Vec<(i64, String)> = (0..writes).map(|i| (i as i64 + 1, i.to_string())).collect();
@@ -99,10 +121,22 @@ async fn watches_replay_history_then_continue_live_with_prev_kv() {
     let store = open(dir.path());
     put(&store, "a/1", "x").await;
     put(&store, "a/1", "y").await;
-    store.delete_range(DeleteRangeRequest { key: b("a/1"), ..Default::default() }).await.expect("delete");
+    store
+        .delete_range(DeleteRangeRequest {
+            key: b("a/1"),
+            ..Default::default()
+        })
+        .await
+        .expect("delete");
     let (stream, tx, mut rx) = store.hub().open_stream();
     let permit = tx.reserve().await.expect("reserve");
-    let req = WatchCreateRequest { key: b("a/"), range_end: b("a0"), start_revision: 1, prev_kv: true, ..Default::default() };
+    let req = WatchCreateRequest {
+        key: b("a/"),
+        range_end: b("a0"),
+        start_revision: 1,
+        prev_kv: true,
+        ..Default::default()
+    };
     store.hub().create(stream, &req, permit).expect("create");
     assert!(recv(&mut rx).await.created);
     let mut events = Vec::new();
@@ -117,9 +151,19 @@ async fn watches_replay_history_then_continue_live_with_prev_kv() {
     let put_kind = EventType::Put as i32;
     let delete_kind = EventType::Delete as i32;
     assert_eq!(kinds, vec![put_kind, put_kind, delete_kind, put_kind]);
-    assert_eq!(events[1].prev_kv.as_ref().map(|kv| kv.value.clone()), Some(b("x")));
-    assert_eq!(events[2].kv.as_ref().map(|kv| kv.mod_revision), Some(3), "a delete carries its revision");
-    assert_eq!(events[2].prev_kv.as_ref().map(|kv| kv.value.clone()), Some(b("y")));
+    assert_eq!(
+        events[1].prev_kv.as_ref().map(|kv| kv.value.clone()),
+        Some(b("x"))
+    );
+    assert_eq!(
+        events[2].kv.as_ref().map(|kv| kv.mod_revision),
+        Some(3),
+        "a delete carries its revision"
+    );
+    assert_eq!(
+        events[2].prev_kv.as_ref().map(|kv| kv.value.clone()),
+        Some(b("y"))
+    );
     assert!(events[3].prev_kv.is_none());
     store.close();
 }
@@ -140,7 +184,10 @@ async fn progress_requests_never_claim_undelivered_revisions() {
         if resp.watch_id == STREAM_PROGRESS_WATCH_ID && resp.events.is_empty() {
             let claimed = resp.header.expect("header").revision;
             assert_eq!(claimed, 50);
-            assert_eq!(last_event_rev, 50, "progress at {claimed} came before events up to it");
+            assert_eq!(
+                last_event_rev, 50,
+                "progress at {claimed} came before events up to it"
+            );
             break;
         }
         for e in resp.events {
@@ -159,7 +206,11 @@ async fn periodic_progress_notifications_reach_watchers_that_ask() {
     put(&store, "q", "1").await;
     let (stream, tx, mut rx) = store.hub().open_stream();
     let permit = tx.reserve().await.expect("reserve");
-    let req = WatchCreateRequest { key: b("q"), progress_notify: true, ..Default::default() };
+    let req = WatchCreateRequest {
+        key: b("q"),
+        progress_notify: true,
+        ..Default::default()
+    };
     let id = store.hub().create(stream, &req, permit).expect("create");
     assert!(recv(&mut rx).await.created);
     let resp = recv(&mut rx).await;
@@ -174,18 +225,44 @@ async fn an_expired_lease_deletes_its_keys_in_one_revision() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = open(dir.path());
     let (id, ttl) = store.lease_grant(1, 0).await.expect("grant");
-    assert_eq!(ttl, skerry_store::lease::LEASE_TTL_MIN_SECONDS, "short TTLs are raised to the minimum");
+    assert_eq!(
+        ttl,
+        skerry_store::lease::LEASE_TTL_MIN_SECONDS,
+        "short TTLs are raised to the minimum"
+    );
     for key in ["l/1", "l/2", "l/3"] {
-        store.put(PutRequest { key: b(key), value: b("v"), lease: id, ..Default::default() }).await.expect("put");
+        store
+            .put(PutRequest {
+                key: b(key),
+                value: b("v"),
+                lease: id,
+                ..Default::default()
+            })
+            .await
+            .expect("put");
     }
     let (_s, mut rx) = watch(&store, "l/", "l0", 0).await;
     let resp = recv(&mut rx).await;
     assert_eq!(resp.events.len(), 3, "three deletes together");
-    let revs: Vec<i64> = resp.events.iter().map(|e| e.kv.as_ref().expect("kv").mod_revision).collect();
-    assert!(revs.iter().all(|r| *r == 4), "one revision for the whole expiry: {revs:?}");
+    let revs: Vec<i64> = resp
+        .events
+        .iter()
+        .map(|e| e.kv.as_ref().expect("kv").mod_revision)
+        .collect();
+    assert!(
+        revs.iter().all(|r| *r == 4),
+        "one revision for the whole expiry: {revs:?}"
+    );
     assert!(store.lease_time_to_live(id, false).is_none());
     assert_eq!(
-        store.put(PutRequest { key: b("x"), lease: id, ..Default::default() }).await.err(),
+        store
+            .put(PutRequest {
+                key: b("x"),
+                lease: id,
+                ..Default::default()
+            })
+            .await
+            .err(),
         Some(StoreError::LeaseNotFound)
     );
     store.close();
@@ -196,15 +273,30 @@ async fn leases_survive_a_restart_with_their_full_ttl_and_keys() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = open(dir.path());
     let (id, _) = store.lease_grant(30, 0).await.expect("grant");
-    store.put(PutRequest { key: b("held"), value: b("v"), lease: id, ..Default::default() }).await.expect("put");
+    store
+        .put(PutRequest {
+            key: b("held"),
+            value: b("v"),
+            lease: id,
+            ..Default::default()
+        })
+        .await
+        .expect("put");
     store.close();
     let store = open(dir.path());
-    let (remaining, granted, keys) = store.lease_time_to_live(id, true).expect("lease after restart");
+    let (remaining, granted, keys) = store
+        .lease_time_to_live(id, true)
+        .expect("lease after restart");
     assert_eq!(granted, 30);
     assert!(remaining >= 29, "remaining {remaining}");
     assert_eq!(keys, vec![b("held")]);
     assert_eq!(store.lease_revoke(id).await.expect("revoke"), 2);
-    let resp = store.range(&RangeRequest { key: b("held"), ..Default::default() }).expect("range");
+    let resp = store
+        .range(&RangeRequest {
+            key: b("held"),
+            ..Default::default()
+        })
+        .expect("range");
     assert!(resp.kvs.is_empty());
     store.close();
 }
@@ -218,7 +310,9 @@ async fn physical_compaction_runs_in_batches_and_keeps_what_is_readable() {
         let writers: Vec<_> = (0..keys)
             .map(|i| {
                 let store = store.clone();
-                tokio::spawn(async move { put(&store, &format!("c/{i:05}"), &format!("{round}")).await })
+                tokio::spawn(
+                    async move { put(&store, &format!("c/{i:05}"), &format!("{round}")).await },
+                )
             })
             .collect();
         for w in writers {
@@ -237,23 +331,48 @@ async fn physical_compaction_runs_in_batches_and_keeps_what_is_readable() {
     store.compact(at, true).await.expect("compact");
     writer.await.expect("writes went on during compaction");
     let resp = store
-        .range(&RangeRequest { key: b("c/"), range_end: b("c0"), revision: at, count_only: true, ..Default::default() })
+        .range(&RangeRequest {
+            key: b("c/"),
+            range_end: b("c0"),
+            revision: at,
+            count_only: true,
+            ..Default::default()
+        })
         .expect("read at the compacted revision");
     assert_eq!(resp.count, keys as i64);
-    assert!(matches!(store.history(1, at), Err(StoreError::Compacted { compact_revision }) if compact_revision == at));
+    assert!(
+        matches!(store.history(1, at), Err(StoreError::Compacted { compact_revision }) if compact_revision == at)
+    );
     assert!(matches!(
-        store.range(&RangeRequest { key: b("c/00001"), revision: at - 1, ..Default::default() }),
+        store.range(&RangeRequest {
+            key: b("c/00001"),
+            revision: at - 1,
+            ..Default::default()
+        }),
         Err(StoreError::Compacted { .. })
     ));
-    assert_eq!(store.compact(at, false).await.err(), Some(StoreError::Compacted { compact_revision: at }));
-    assert_eq!(store.compact(store.revision() + 1, false).await.err(), Some(StoreError::FutureRevision));
+    assert_eq!(
+        store.compact(at, false).await.err(),
+        Some(StoreError::Compacted {
+            compact_revision: at
+        })
+    );
+    assert_eq!(
+        store.compact(store.revision() + 1, false).await.err(),
+        Some(StoreError::FutureRevision)
+    );
     // After a restart the compaction floor and the data are as they were.
     let revision = store.revision();
     store.close();
     let store = open(dir.path());
     assert_eq!(store.compact_revision(), at);
     assert_eq!(store.revision(), revision);
-    let resp = store.range(&RangeRequest { key: b("c/00000"), ..Default::default() }).expect("range");
+    let resp = store
+        .range(&RangeRequest {
+            key: b("c/00000"),
+            ..Default::default()
+        })
+        .expect("range");
     assert_eq!(resp.kvs[0].value, b("1"));
     assert_eq!(resp.kvs[0].version, 2);
     store.close();
@@ -263,17 +382,27 @@ async fn physical_compaction_runs_in_batches_and_keeps_what_is_readable() {
 fn data_dirs_that_are_not_ours_are_refused_with_a_clear_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir(dir.path().join("member")).expect("mkdir");
-    let err = Store::open(StoreConfig::new(dir.path())).err().expect("refused");
+    let err = Store::open(StoreConfig::new(dir.path()))
+        .err()
+        .expect("refused");
     assert!(err.to_string().contains("not a skerry store"), "{err}");
 
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join(skerry_store::store::DB_FILE_NAME), b"SQLite format 3\0 and more").expect("write");
-    let err = Store::open(StoreConfig::new(dir.path())).err().expect("refused");
+    std::fs::write(
+        dir.path().join(skerry_store::store::DB_FILE_NAME),
+        b"SQLite format 3\0 and more",
+    )
+    .expect("write");
+    let err = Store::open(StoreConfig::new(dir.path()))
+        .err()
+        .expect("refused");
     assert!(err.to_string().contains("not a skerry store file"), "{err}");
 
     let dir = tempfile::tempdir().expect("tempdir");
     let store = open(dir.path());
-    let err = Store::open(StoreConfig::new(dir.path())).err().expect("refused while open");
+    let err = Store::open(StoreConfig::new(dir.path()))
+        .err()
+        .expect("refused while open");
     assert!(err.to_string().contains("in use"), "{err}");
     store.close();
     open(dir.path()).close();

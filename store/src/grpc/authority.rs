@@ -123,7 +123,10 @@ impl<IO> AuthorityFix<IO> {
                         | (usize::from(self.input[1]) << 8)
                         | usize::from(self.input[2]);
                     if length > FRAME_PAYLOAD_LIMIT {
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, "oversized HTTP/2 frame"));
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "oversized HTTP/2 frame",
+                        ));
                     }
                     if self.input.len() < FRAME_HEADER_BYTES + length {
                         return Ok(());
@@ -193,9 +196,9 @@ impl<IO> AuthorityFix<IO> {
             .decode(&self.block)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("HPACK: {e:?}")))?;
         if let Mode::Inspect = self.mode {
-            let needs_fix = headers
-                .iter()
-                .any(|(name, value)| name.as_slice() == b":authority" && fixed_authority(value).is_some());
+            let needs_fix = headers.iter().any(|(name, value)| {
+                name.as_slice() == b":authority" && fixed_authority(value).is_some()
+            });
             if !needs_fix {
                 // This connection's authority is fine: hand over the original bytes and stop
                 // looking (the server's HPACK state matches the client's from here on).
@@ -222,7 +225,12 @@ impl<IO> AuthorityFix<IO> {
         let mut chunks = block.chunks(FRAME_PAYLOAD_MAX - 5).peekable();
         let mut first = true;
         if block.is_empty() {
-            self.put_frame(FRAME_HEADERS, self.block_flags & FLAG_END_STREAM | FLAG_END_HEADERS, priority, &[]);
+            self.put_frame(
+                FRAME_HEADERS,
+                self.block_flags & FLAG_END_STREAM | FLAG_END_HEADERS,
+                priority,
+                &[],
+            );
             return;
         }
         while let Some(chunk) = chunks.next() {
@@ -242,7 +250,8 @@ impl<IO> AuthorityFix<IO> {
         let length = payload.len() + priority.map_or(0, |_| 5);
         self.output.put_uint(length as u64, 3);
         self.output.put_u8(kind);
-        self.output.put_u8(flags | if priority.is_some() { FLAG_PRIORITY } else { 0 });
+        self.output
+            .put_u8(flags | if priority.is_some() { FLAG_PRIORITY } else { 0 });
         self.output.put_u32(self.block_stream_id);
         if let Some(p) = priority {
             self.output.extend_from_slice(&p);
@@ -294,7 +303,11 @@ fn encode_integer(out: &mut Vec<u8>, mut n: usize, prefix_bits: u32, first_byte_
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityFix<IO> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         loop {
             if !this.output.is_empty() {
@@ -331,7 +344,11 @@ impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityFix<IO> {
 }
 
 impl<IO: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<IO> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -396,21 +413,32 @@ mod tests {
     #[test]
     fn a_scheme_in_the_authority_is_removed() {
         let mut input = PREFACE.to_vec();
-        input.extend(headers_frame(&block(b"http://127.0.0.1:2379"), FLAG_END_HEADERS));
+        input.extend(headers_frame(
+            &block(b"http://127.0.0.1:2379"),
+            FLAG_END_HEADERS,
+        ));
         let out = run(&input);
         assert_eq!(&out[..PREFACE.len()], PREFACE);
         let frame = &out[PREFACE.len()..];
         assert_eq!(frame[3], FRAME_HEADERS);
         assert_eq!(frame[4] & FLAG_END_HEADERS, FLAG_END_HEADERS);
-        let decoded = loona_hpack::Decoder::new().decode(&frame[FRAME_HEADER_BYTES..]).expect("decode");
+        let decoded = loona_hpack::Decoder::new()
+            .decode(&frame[FRAME_HEADER_BYTES..])
+            .expect("decode");
         assert!(decoded.contains(&(b":authority".to_vec(), b"127.0.0.1:2379".to_vec())));
-        assert!(decoded.contains(&(b":path".to_vec(), b"/etcdserverpb.Maintenance/Status".to_vec())));
+        assert!(decoded.contains(&(
+            b":path".to_vec(),
+            b"/etcdserverpb.Maintenance/Status".to_vec()
+        )));
     }
 
     #[test]
     fn a_good_authority_passes_the_connection_through_unchanged() {
         let mut input = PREFACE.to_vec();
-        input.extend(headers_frame(&block(b"127.0.0.1:2379"), FLAG_END_HEADERS | FLAG_END_STREAM));
+        input.extend(headers_frame(
+            &block(b"127.0.0.1:2379"),
+            FLAG_END_HEADERS | FLAG_END_STREAM,
+        ));
         input.extend_from_slice(b"\x00\x00\x00\x00\x00\x00\x00\x00\x00anything after");
         assert_eq!(run(&input), input);
     }

@@ -10,24 +10,42 @@ use crate::pb::etcdserverpb::{
 
 #[tonic::async_trait]
 impl Kv for EtcdApi {
-    async fn range(&self, request: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
+    async fn range(
+        &self,
+        request: Request<RangeRequest>,
+    ) -> Result<Response<RangeResponse>, Status> {
         // One member: every read is linearizable, since a write is readable once acknowledged.
-        self.store.range(request.get_ref()).map(Response::new).map_err(status)
+        self.store
+            .range(request.get_ref())
+            .map(Response::new)
+            .map_err(status)
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
-        self.store.put(request.into_inner()).await.map(Response::new).map_err(status)
+        self.store
+            .put(request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(status)
     }
 
     async fn delete_range(
         &self,
         request: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
-        self.store.delete_range(request.into_inner()).await.map(Response::new).map_err(status)
+        self.store
+            .delete_range(request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(status)
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        self.store.txn(request.into_inner()).await.map(Response::new).map_err(status)
+        self.store
+            .txn(request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(status)
     }
 
     async fn compact(
@@ -35,7 +53,13 @@ impl Kv for EtcdApi {
         request: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
         let req = request.into_inner();
-        let revision = self.store.compact(req.revision, req.physical).await.map_err(status)?;
-        Ok(Response::new(CompactionResponse { header: Some(self.store.header(revision)) }))
+        let revision = self
+            .store
+            .compact(req.revision, req.physical)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(CompactionResponse {
+            header: Some(self.store.header(revision)),
+        }))
     }
 }

@@ -21,7 +21,11 @@ impl Lease for EtcdApi {
         request: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
         let req = request.into_inner();
-        let (id, ttl) = self.store.lease_grant(req.ttl, req.id).await.map_err(status)?;
+        let (id, ttl) = self
+            .store
+            .lease_grant(req.ttl, req.id)
+            .await
+            .map_err(status)?;
         Ok(Response::new(LeaseGrantResponse {
             header: Some(self.store.header(self.store.revision())),
             id,
@@ -34,8 +38,14 @@ impl Lease for EtcdApi {
         &self,
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
-        let revision = self.store.lease_revoke(request.into_inner().id).await.map_err(status)?;
-        Ok(Response::new(LeaseRevokeResponse { header: Some(self.store.header(revision)) }))
+        let revision = self
+            .store
+            .lease_revoke(request.into_inner().id)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(LeaseRevokeResponse {
+            header: Some(self.store.header(revision)),
+        }))
     }
 
     type LeaseKeepAliveStream = KeepAliveStream;
@@ -66,10 +76,19 @@ impl Lease for EtcdApi {
         let header = Some(self.store.header(self.store.revision()));
         // etcd answers an unknown lease with TTL -1 rather than an error.
         let resp = match self.store.lease_time_to_live(req.id, req.keys) {
-            Some((ttl, granted_ttl, keys)) => {
-                LeaseTimeToLiveResponse { header, id: req.id, ttl, granted_ttl, keys }
-            }
-            None => LeaseTimeToLiveResponse { header, id: req.id, ttl: -1, ..Default::default() },
+            Some((ttl, granted_ttl, keys)) => LeaseTimeToLiveResponse {
+                header,
+                id: req.id,
+                ttl,
+                granted_ttl,
+                keys,
+            },
+            None => LeaseTimeToLiveResponse {
+                header,
+                id: req.id,
+                ttl: -1,
+                ..Default::default()
+            },
         };
         Ok(Response::new(resp))
     }
@@ -78,7 +97,12 @@ impl Lease for EtcdApi {
         &self,
         _request: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
-        let leases = self.store.lease_ids().into_iter().map(|id| LeaseStatus { id }).collect();
+        let leases = self
+            .store
+            .lease_ids()
+            .into_iter()
+            .map(|id| LeaseStatus { id })
+            .collect();
         Ok(Response::new(LeaseLeasesResponse {
             header: Some(self.store.header(self.store.revision())),
             leases,

@@ -35,7 +35,10 @@ type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>
 
 #[tonic::async_trait]
 impl Maintenance for EtcdApi {
-    async fn alarm(&self, request: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
+    async fn alarm(
+        &self,
+        request: Request<AlarmRequest>,
+    ) -> Result<Response<AlarmResponse>, Status> {
         // skerry raises no alarms (it has no space quota yet), so the list is always empty
         // and there is nothing to activate or deactivate.
         match AlarmAction::try_from(request.get_ref().action) {
@@ -43,11 +46,16 @@ impl Maintenance for EtcdApi {
                 header: Some(self.store.header(self.store.revision())),
                 alarms: Vec::new(),
             })),
-            _ => Err(Status::unimplemented("skerry: alarms cannot be raised or cleared by hand")),
+            _ => Err(Status::unimplemented(
+                "skerry: alarms cannot be raised or cleared by hand",
+            )),
         }
     }
 
-    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+    async fn status(
+        &self,
+        _request: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
         let s = self.store.status().await.map_err(status)?;
         Ok(Response::new(StatusResponse {
             header: Some(self.store.header(s.revision)),
@@ -79,10 +87,16 @@ impl Maintenance for EtcdApi {
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .map_err(status)?;
-        Ok(Response::new(HashResponse { header: Some(self.store.header(self.store.revision())), hash }))
+        Ok(Response::new(HashResponse {
+            header: Some(self.store.header(self.store.revision())),
+            hash,
+        }))
     }
 
-    async fn hash_kv(&self, request: Request<HashKvRequest>) -> Result<Response<HashKvResponse>, Status> {
+    async fn hash_kv(
+        &self,
+        request: Request<HashKvRequest>,
+    ) -> Result<Response<HashKvResponse>, Status> {
         let store = self.store.clone();
         let revision = request.get_ref().revision;
         let (hash, compact_revision) = tokio::task::spawn_blocking(move || store.hash_kv(revision))
@@ -98,21 +112,25 @@ impl Maintenance for EtcdApi {
 
     type SnapshotStream = SnapshotStream;
 
-    async fn snapshot(&self, _request: Request<SnapshotRequest>) -> Result<Response<Self::SnapshotStream>, Status> {
+    async fn snapshot(
+        &self,
+        _request: Request<SnapshotRequest>,
+    ) -> Result<Response<Self::SnapshotStream>, Status> {
         let store = self.store.clone();
         // The snapshot is written to an unnamed temporary file first: the stream must say how
         // many bytes remain, and a client reading slowly must not hold a read transaction
         // (and with it the file's old pages) open for the whole transfer.
-        let (file, revision, total) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
-            let mut file = tempfile::tempfile_in(store.data_dir())?;
-            let revision = store.snapshot(&mut file)?;
-            let total = file.seek(SeekFrom::End(0))?;
-            file.seek(SeekFrom::Start(0))?;
-            Ok((file, revision, total))
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?
-        .map_err(status)?;
+        let (file, revision, total) =
+            tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+                let mut file = tempfile::tempfile_in(store.data_dir())?;
+                let revision = store.snapshot(&mut file)?;
+                let total = file.seek(SeekFrom::End(0))?;
+                file.seek(SeekFrom::Start(0))?;
+                Ok((file, revision, total))
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(status)?;
         let (tx, rx) = mpsc::channel(SNAPSHOT_CHUNKS_AHEAD_MAX);
         let header = self.store.header(revision);
         tokio::task::spawn_blocking(move || {
@@ -125,14 +143,15 @@ impl Maintenance for EtcdApi {
                     Ok(0) => return,
                     Ok(n) => n,
                     Err(e) => {
-                        let _ = tx.blocking_send(Err(Status::internal(format!("snapshot read: {e}"))));
+                        let _ =
+                            tx.blocking_send(Err(Status::internal(format!("snapshot read: {e}"))));
                         return;
                     }
                 };
                 buf.truncate(n);
                 sent += n as u64;
                 let resp = SnapshotResponse {
-                    header: first.then(|| header.clone()),
+                    header: first.then_some(header),
                     remaining_bytes: total - sent,
                     blob: Bytes::from(buf),
                 };
@@ -150,9 +169,13 @@ impl Maintenance for EtcdApi {
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
         if request.get_ref().target_id != self.store.member_id() {
-            return Err(Status::failed_precondition("etcdserver: bad leader transferee"));
+            return Err(Status::failed_precondition(
+                "etcdserver: bad leader transferee",
+            ));
         }
-        Ok(Response::new(MoveLeaderResponse { header: Some(self.store.header(self.store.revision())) }))
+        Ok(Response::new(MoveLeaderResponse {
+            header: Some(self.store.header(self.store.revision())),
+        }))
     }
 }
 
@@ -170,7 +193,10 @@ impl EtcdApi {
 
 #[tonic::async_trait]
 impl Cluster for EtcdApi {
-    async fn member_add(&self, _r: Request<MemberAddRequest>) -> Result<Response<MemberAddResponse>, Status> {
+    async fn member_add(
+        &self,
+        _r: Request<MemberAddRequest>,
+    ) -> Result<Response<MemberAddResponse>, Status> {
         Err(Status::failed_precondition(MEMBERSHIP_UNSUPPORTED))
     }
 
@@ -188,7 +214,10 @@ impl Cluster for EtcdApi {
         Err(Status::failed_precondition(MEMBERSHIP_UNSUPPORTED))
     }
 
-    async fn member_list(&self, _r: Request<MemberListRequest>) -> Result<Response<MemberListResponse>, Status> {
+    async fn member_list(
+        &self,
+        _r: Request<MemberListRequest>,
+    ) -> Result<Response<MemberListResponse>, Status> {
         Ok(Response::new(MemberListResponse {
             header: Some(self.store.header(self.store.revision())),
             members: self.members(),

@@ -43,7 +43,10 @@ pub struct EtcdApi {
 
 impl EtcdApi {
     pub fn new(store: Store, member: MemberInfo) -> Self {
-        Self { store, member: Arc::new(member) }
+        Self {
+            store,
+            member: Arc::new(member),
+        }
     }
 }
 
@@ -69,9 +72,9 @@ pub fn status(e: StoreError) -> tonic::Status {
         | StoreError::TooManyOps
         | StoreError::DuplicateKey
         | StoreError::RequestTooLarge => Code::InvalidArgument,
-        StoreError::Compacted { .. } | StoreError::FutureRevision | StoreError::LeaseTtlTooLarge => {
-            Code::OutOfRange
-        }
+        StoreError::Compacted { .. }
+        | StoreError::FutureRevision
+        | StoreError::LeaseTtlTooLarge => Code::OutOfRange,
         StoreError::LeaseNotFound => Code::NotFound,
         StoreError::LeaseExists => Code::FailedPrecondition,
         StoreError::Stopped => Code::Unavailable,

@@ -47,11 +47,18 @@ impl Watch for EtcdApi {
 }
 
 /// Handles one request of a stream; false once the stream is gone.
-async fn handle(store: &Store, stream_id: u64, tx: &mpsc::Sender<WatchOut>, req: WatchRequest) -> bool {
+async fn handle(
+    store: &Store,
+    stream_id: u64,
+    tx: &mpsc::Sender<WatchOut>,
+    req: WatchRequest,
+) -> bool {
     let hub = store.hub();
     match req.request_union {
         Some(RequestUnion::CreateRequest(create)) => {
-            let Ok(permit) = tx.reserve().await else { return false };
+            let Ok(permit) = tx.reserve().await else {
+                return false;
+            };
             match hub.create(stream_id, &create, permit) {
                 Ok(watch_id) => debug!(stream_id, watch_id, "created watch"),
                 Err(CreateError::StreamClosed) => return false,
@@ -64,23 +71,34 @@ async fn handle(store: &Store, stream_id: u64, tx: &mpsc::Sender<WatchOut>, req:
                         cancel_reason: "etcdserver: duplicate watch ID".into(),
                         ..Default::default()
                     };
-                    return tx.send(WatchOut { response: resp, fragment: false }).await.is_ok();
+                    return tx
+                        .send(WatchOut {
+                            response: resp,
+                            fragment: false,
+                        })
+                        .await
+                        .is_ok();
                 }
             }
         }
-        Some(RequestUnion::CancelRequest(cancel)) => {
-            if hub.cancel(stream_id, cancel.watch_id) {
-                let resp = WatchResponse {
-                    header: Some(store.header(store.revision())),
-                    watch_id: cancel.watch_id,
-                    canceled: true,
-                    ..Default::default()
-                };
-                return tx.send(WatchOut { response: resp, fragment: false }).await.is_ok();
-            }
+        Some(RequestUnion::CancelRequest(cancel)) if hub.cancel(stream_id, cancel.watch_id) => {
+            let resp = WatchResponse {
+                header: Some(store.header(store.revision())),
+                watch_id: cancel.watch_id,
+                canceled: true,
+                ..Default::default()
+            };
+            return tx
+                .send(WatchOut {
+                    response: resp,
+                    fragment: false,
+                })
+                .await
+                .is_ok();
         }
         Some(RequestUnion::ProgressRequest(_)) => hub.request_progress(stream_id),
-        None => {}
+        // Cancelling an unknown watch id: etcd says nothing.
+        Some(RequestUnion::CancelRequest(_)) | None => {}
     }
     true
 }
@@ -169,14 +187,22 @@ mod tests {
             }),
             ..Default::default()
         };
-        let response = WatchResponse { watch_id: 3, events: (0..10).map(event).collect(), ..Default::default() };
+        let response = WatchResponse {
+            watch_id: 3,
+            events: (0..10).map(event).collect(),
+            ..Default::default()
+        };
         let parts = fragment(response.clone(), 1_000);
         assert!(parts.len() > 1);
         assert!(parts[..parts.len() - 1].iter().all(|p| p.fragment));
         assert!(!parts[parts.len() - 1].fragment);
         let rejoined: Vec<Event> = parts.iter().flat_map(|p| p.events.clone()).collect();
         assert_eq!(rejoined, response.events);
-        assert!(parts.iter().all(|p| p.encoded_len() < 1_000 || p.events.len() == 1));
+        assert!(
+            parts
+                .iter()
+                .all(|p| p.encoded_len() < 1_000 || p.events.len() == 1)
+        );
         assert_eq!(fragment(response.clone(), usize::MAX).len(), 1);
     }
 }
