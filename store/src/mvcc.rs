@@ -116,13 +116,15 @@ impl Mvcc {
 /// Range over `table` as etcd 3.4's apply does: sorting and filtering fetch everything, then
 /// truncate; `count` is the number of keys in the range at the revision, whatever the limit.
 ///
-/// `current` is the newest revision the caller may see; `compacted` the compaction floor.
+/// `current` is the newest revision the caller may see. The index lock is held only while
+/// the matching revisions are collected (and the compaction floor checked, so that no
+/// compaction can remove them meanwhile); the rows are then read from `table`, whose read
+/// transaction must have begun before the call, so rows deleted later stay visible to it.
 pub(crate) fn range<T: ReadableTable<(u64, u64), &'static [u8]>>(
     table: &T,
-    index: &KeyIndex,
+    mvcc: &Mvcc,
     req: &RangeRequest,
     current: i64,
-    compacted: i64,
 ) -> Result<RangeResponse, StoreError> {
     let at = if req.revision <= 0 {
         current
@@ -131,11 +133,6 @@ pub(crate) fn range<T: ReadableTable<(u64, u64), &'static [u8]>>(
     };
     if at > current {
         return Err(StoreError::FutureRevision);
-    }
-    if at < compacted {
-        return Err(StoreError::Compacted {
-            compact_revision: compacted,
-        });
     }
     let filtering = req.min_mod_revision != 0
         || req.max_mod_revision != 0
@@ -157,13 +154,22 @@ pub(crate) fn range<T: ReadableTable<(u64, u64), &'static [u8]>>(
     let key_range = KeyRange::new(&req.key, &req.range_end);
     let mut count: i64 = 0;
     let mut revs = Vec::new();
-    index.visit(&key_range, at, |_, rev| {
-        count += 1;
-        if !req.count_only && revs.len() < fetch_limit {
-            revs.push(rev);
+    {
+        let index = mvcc.index.read();
+        let compacted = mvcc.compact_rev();
+        if at < compacted {
+            return Err(StoreError::Compacted {
+                compact_revision: compacted,
+            });
         }
-        true
-    });
+        index.visit(&key_range, at, |_, rev| {
+            count += 1;
+            if !req.count_only && revs.len() < fetch_limit {
+                revs.push(rev);
+            }
+            true
+        });
+    }
     let mut kvs = Vec::with_capacity(revs.len());
     for rev in revs {
         kvs.push(read_kv(table, rev)?);
@@ -289,14 +295,7 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
     }
 
     fn range(&self, req: &RangeRequest) -> Result<RangeResponse, StoreError> {
-        let index = self.apply.mvcc.index.read();
-        let mut resp = range(
-            &*self.apply.table,
-            &index,
-            req,
-            self.read_rev(),
-            self.apply.mvcc.compact_rev(),
-        )?;
+        let mut resp = range(&*self.apply.table, self.apply.mvcc, req, self.read_rev())?;
         resp.header = Some(revision_header(self.read_rev()));
         Ok(resp)
     }

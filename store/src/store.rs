@@ -324,9 +324,7 @@ impl Store {
         let current = self.shared.mvcc.current_rev();
         let txn = self.shared.db.read().begin_read()?;
         let table = txn.open_table(KV)?;
-        let index = self.shared.mvcc.index.read();
-        let compacted = self.shared.mvcc.compact_rev();
-        let mut resp = mvcc::range(&table, &index, req, current, compacted)?;
+        let mut resp = mvcc::range(&table, &self.shared.mvcc, req, current)?;
         resp.header = Some(self.header(current));
         Ok(resp)
     }
