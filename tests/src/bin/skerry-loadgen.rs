@@ -8,7 +8,9 @@
 //! - `txn`: compare-and-swap Txns (mod_revision == last seen → put) from 64 clients on 16 hot
 //!   keys; a failed compare counts as a txn and as a conflict.
 //! - `watch`: 1,000 watchers on one key over 10 streams and one writer; delivered events/s,
-//!   put-ack → event latency, and a check that every watcher saw every event in order.
+//!   put-ack → event latency, and a check that every watcher saw every event in order. The
+//!   writer puts 100 values/s, so events/s tops out near 100 × watchers: a server that keeps
+//!   up scores that ceiling, and the latency columns tell servers apart.
 //! - `range`: 20,000 keys under a prefix, scanned in pages of 500 at a pinned revision;
 //!   pages/s and the time of a full scan.
 //!
@@ -116,7 +118,7 @@ struct Selection {
     /// Workloads to run, comma-separated, or `all`.
     #[arg(long, value_delimiter = ',', default_value = "all")]
     workloads: Vec<WorkloadChoice>,
-    /// `quick` finishes a three-run compare in about three minutes; `full` is the issue's counts.
+    /// `quick` finishes a three-run compare in under three minutes; `full` has larger counts.
     #[arg(long, value_enum, default_value_t = Scale::Quick)]
     scale: Scale,
 }
@@ -171,7 +173,7 @@ impl WorkloadChoice {
 }
 
 #[tokio::main]
-async fn main() -> Result<ExitCode> {
+async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
@@ -180,11 +182,24 @@ async fn main() -> Result<ExitCode> {
         .init();
     let cli = Cli::parse();
     // Dropping the command's future on Ctrl-C drops every `Server`, which kills its process.
-    tokio::select! {
+    let result = tokio::select! {
         result = run_command(cli.command) => result,
         signal = tokio::signal::ctrl_c() => {
-            signal.context("listen for Ctrl-C")?;
-            bail!("interrupted; servers killed")
+            if let Err(e) = signal {
+                error!("failed to listen for Ctrl-C: {e}");
+                return ExitCode::from(2);
+            }
+            warn!("interrupted; killing servers");
+            // 128 + SIGINT, as a shell reports a process killed by Ctrl-C.
+            return ExitCode::from(130);
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            error!("failed to {e:#}");
+            // 2, as clap uses for bad arguments, sets these apart from failed workloads (1).
+            ExitCode::from(2)
         }
     }
 }
@@ -219,6 +234,7 @@ async fn compare(args: CompareArgs) -> Result<ExitCode> {
         },
     ];
     let etcd_version = etcd_version(&args.etcd_bin).await;
+    let load_before = load_average();
     let mut report = Report::new(workloads.clone(), &["skerry", "etcd"]);
     let started = Instant::now();
     for run in 0..args.runs {
@@ -230,6 +246,7 @@ async fn compare(args: CompareArgs) -> Result<ExitCode> {
         }
     }
     let elapsed = started.elapsed();
+    let load_after = load_average();
 
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let skerry_note = if args.skerry_as_etcd {
@@ -239,7 +256,8 @@ async fn compare(args: CompareArgs) -> Result<ExitCode> {
     };
     let intro = format!(
         "scale {scale}, median of {runs} runs, fresh server and data dir per run; host: {cpus} \
-         CPUs; skerry = {skerry}{skerry_note}; etcd = {etcd} ({etcd_version})",
+         CPUs, load average {load_before} before and {load_after} after; skerry = \
+         {skerry}{skerry_note}; etcd = {etcd} ({etcd_version})",
         scale = args.selection.scale.name(),
         runs = args.runs,
         skerry = args.skerry_bin.display(),
@@ -254,6 +272,8 @@ async fn compare(args: CompareArgs) -> Result<ExitCode> {
         "skerry_as_etcd": args.skerry_as_etcd,
         "etcd_bin": args.etcd_bin.display().to_string(),
         "etcd_version": etcd_version,
+        "load_average_before": load_before,
+        "load_average_after": load_after,
         "plan": plan.to_json(),
         "elapsed_s": elapsed.as_secs_f64(),
     });
@@ -382,13 +402,13 @@ fn require_loopback(endpoint: &str) -> Result<()> {
         .parse()
         .with_context(|| format!("parse endpoint {endpoint}"))?;
     if uri.scheme_str() != Some("http") {
-        bail!("endpoint {endpoint}: only http:// is supported");
+        bail!("accept endpoint {endpoint}: only http:// is supported");
     }
     let host = uri.host().unwrap_or_default();
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
     if !loopback {
-        bail!("endpoint {endpoint}: only loopback addresses are allowed");
+        bail!("accept endpoint {endpoint}: only loopback addresses are allowed");
     }
     Ok(())
 }
@@ -408,5 +428,18 @@ async fn etcd_version(bin: &Path) -> String {
             .to_owned(),
         Ok(Err(e)) => format!("version unknown: {e}"),
         Err(_) => "version unknown: timed out".to_owned(),
+    }
+}
+
+/// The host's 1, 5 and 15 minute load averages: anything else busy on the machine skews the
+/// numbers, and a load near the CPU count before a compare says the results are suspect.
+fn load_average() -> String {
+    match std::fs::read_to_string("/proc/loadavg") {
+        Ok(text) => text
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+        Err(_) => "unknown".to_owned(),
     }
 }

@@ -204,6 +204,9 @@ fn log_tail(path: &Path) -> String {
     match std::fs::read_to_string(path) {
         Ok(text) => {
             let lines: Vec<&str> = text.lines().collect();
+            if lines.is_empty() {
+                return "(empty log)".to_owned();
+            }
             lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
         }
         Err(e) => format!("(cannot read {}: {e})", path.display()),
