@@ -592,6 +592,9 @@ fn load(db: &Database) -> Result<Loaded, StoreError> {
                     ));
                 }
                 meta.insert(META_FORMAT, mvcc::FORMAT_VERSION)?;
+                // etcd's store starts at revision 1, so the first write is revision 2 and no
+                // object ever has resourceVersion "0" (which Kubernetes reads as "any").
+                meta.insert(META_REVISION, 1)?;
                 meta.insert(META_CLUSTER_ID, rand::random::<u64>() >> 1)?;
                 meta.insert(META_MEMBER_ID, rand::random::<u64>() >> 1)?;
             }

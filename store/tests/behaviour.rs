@@ -110,7 +110,7 @@ async fn a_slow_watcher_falls_back_to_history_and_misses_nothing() {
             ));
         }
     }
-    let expected: Vec<(i64, String)> = (0..writes).map(|i| (i as i64 + 1, i.to_string())).collect();
+    let expected: Vec<(i64, String)> = (0..writes).map(|i| (i as i64 + 2, i.to_string())).collect();
     assert_eq!(seen, expected, "every event once, in order");
     store.close();
 }
@@ -157,7 +157,7 @@ async fn watches_replay_history_then_continue_live_with_prev_kv() {
     );
     assert_eq!(
         events[2].kv.as_ref().map(|kv| kv.mod_revision),
-        Some(3),
+        Some(4),
         "a delete carries its revision"
     );
     assert_eq!(
@@ -183,9 +183,9 @@ async fn progress_requests_never_claim_undelivered_revisions() {
         let resp = recv(&mut rx).await;
         if resp.watch_id == STREAM_PROGRESS_WATCH_ID && resp.events.is_empty() {
             let claimed = resp.header.expect("header").revision;
-            assert_eq!(claimed, 50);
+            assert_eq!(claimed, 51);
             assert_eq!(
-                last_event_rev, 50,
+                last_event_rev, 51,
                 "progress at {claimed} came before events up to it"
             );
             break;
@@ -216,7 +216,7 @@ async fn periodic_progress_notifications_reach_watchers_that_ask() {
     let resp = recv(&mut rx).await;
     assert_eq!(resp.watch_id, id);
     assert!(resp.events.is_empty());
-    assert_eq!(resp.header.expect("header").revision, 1);
+    assert_eq!(resp.header.expect("header").revision, 2);
     store.close();
 }
 
@@ -250,7 +250,7 @@ async fn an_expired_lease_deletes_its_keys_in_one_revision() {
         .map(|e| e.kv.as_ref().expect("kv").mod_revision)
         .collect();
     assert!(
-        revs.iter().all(|r| *r == 4),
+        revs.iter().all(|r| *r == 5),
         "one revision for the whole expiry: {revs:?}"
     );
     assert!(store.lease_time_to_live(id, false).is_none());
@@ -290,7 +290,7 @@ async fn leases_survive_a_restart_with_their_full_ttl_and_keys() {
     assert_eq!(granted, 30);
     assert!(remaining >= 29, "remaining {remaining}");
     assert_eq!(keys, vec![b("held")]);
-    assert_eq!(store.lease_revoke(id).await.expect("revoke"), 2);
+    assert_eq!(store.lease_revoke(id).await.expect("revoke"), 3);
     let resp = store
         .range(&RangeRequest {
             key: b("held"),
