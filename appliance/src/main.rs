@@ -16,6 +16,14 @@ use skerry_store::{Store, StoreConfig};
 use tokio_stream::StreamExt;
 use tracing::info;
 
+/// jemalloc instead of glibc's malloc. The gRPC path allocates and frees many small buffers
+/// per request on several threads; with glibc, growing per-thread arenas (`sysmalloc`,
+/// `mprotect`, page faults) cost ~15% of server CPU in a profile of 64 concurrent puts, and
+/// server CPU per put fell from ~80 us to ~46 us with jemalloc. mimalloc was tried too: its
+/// eager purging made the kernel zero pages for 38% of the time (`clear_page_erms`).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// etcd's default client URL, so that `etcdctl` with no flags talks to `skerry server`.
 const LISTEN_CLIENT_URL_DEFAULT: &str = "http://127.0.0.1:2379";
 
