@@ -218,8 +218,9 @@ impl Cluster for EtcdApi {
         &self,
         _r: Request<MemberListRequest>,
     ) -> Result<Response<MemberListResponse>, Status> {
+        // etcd's Cluster service leaves the revision out of its headers.
         Ok(Response::new(MemberListResponse {
-            header: Some(self.store.header(self.store.revision())),
+            header: Some(self.store.header(0)),
             members: self.members(),
         }))
     }

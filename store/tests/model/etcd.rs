@@ -40,7 +40,10 @@ pub fn in_range(key: &[u8], start: &[u8], end: &[u8]) -> bool {
 /// A header that carries only a revision: what etcd puts on responses nested in a txn, and
 /// what the harness reduces a top-level header to before comparing.
 pub fn header(revision: i64) -> Option<ResponseHeader> {
-    Some(ResponseHeader { revision, ..Default::default() })
+    Some(ResponseHeader {
+        revision,
+        ..Default::default()
+    })
 }
 
 #[derive(Clone, Debug)]
@@ -58,7 +61,12 @@ pub struct Model {
 
 impl Model {
     pub fn new(base: i64) -> Self {
-        Self { base, snapshots: vec![Snapshot::new()], events: Vec::new(), compacted: 0 }
+        Self {
+            base,
+            snapshots: vec![Snapshot::new()],
+            events: Vec::new(),
+            compacted: 0,
+        }
     }
 
     pub fn revision(&self) -> i64 {
@@ -72,10 +80,17 @@ impl Model {
     /// The keyspace at `revision` (which must be retained by the model, i.e. in
     /// `base..=revision()`; the model never forgets, only the floor moves).
     pub fn at(&self, revision: i64) -> &Snapshot {
-        assert!(revision >= self.base, "revision {revision} below the model's base {}", self.base);
+        assert!(
+            revision >= self.base,
+            "revision {revision} below the model's base {}",
+            self.base
+        );
         let index = usize::try_from(revision - self.base).expect("checked above");
         self.snapshots.get(index).unwrap_or_else(|| {
-            panic!("revision {revision} beyond the model's revision {}", self.revision())
+            panic!(
+                "revision {revision} beyond the model's revision {}",
+                self.revision()
+            )
         })
     }
 
@@ -91,7 +106,9 @@ impl Model {
         }
         let at = if requested <= 0 { current } else { requested };
         if at < self.compacted {
-            return Err(StoreError::Compacted { compact_revision: self.compacted });
+            return Err(StoreError::Compacted {
+                compact_revision: self.compacted,
+            });
         }
         Ok(at)
     }
@@ -109,15 +126,24 @@ impl Model {
         txn.check_put(req)?;
         let resp = txn.put(req);
         let revision = txn.commit();
-        Ok(PutResponse { header: header(revision), ..resp })
+        Ok(PutResponse {
+            header: header(revision),
+            ..resp
+        })
     }
 
     /// A top-level DeleteRange: takes a revision only if it deleted something.
-    pub fn delete_range(&mut self, req: &DeleteRangeRequest) -> Result<DeleteRangeResponse, StoreError> {
+    pub fn delete_range(
+        &mut self,
+        req: &DeleteRangeRequest,
+    ) -> Result<DeleteRangeResponse, StoreError> {
         let mut txn = TxnState::new(self);
         let resp = txn.delete_range(req);
         let revision = txn.commit();
-        Ok(DeleteRangeResponse { header: header(revision), ..resp })
+        Ok(DeleteRangeResponse {
+            header: header(revision),
+            ..resp
+        })
     }
 
     /// A Txn (`kvServer.Txn` checks, then `applierV3backend.Txn`).
@@ -139,7 +165,8 @@ impl Model {
     fn check_put_op(&self, op: &RequestOp) -> Result<(), StoreError> {
         match &op.request {
             Some(request_op::Request::RequestPut(put)) => {
-                if (put.ignore_value || put.ignore_lease) && !self.current().contains_key(&put.key) {
+                if (put.ignore_value || put.ignore_lease) && !self.current().contains_key(&put.key)
+                {
                     return Err(StoreError::KeyNotFound);
                 }
                 assert_eq!(put.lease, 0, "the model has no leases");
@@ -158,7 +185,9 @@ impl Model {
                     return Err(StoreError::FutureRevision);
                 }
                 if range.revision < self.compacted {
-                    return Err(StoreError::Compacted { compact_revision: self.compacted });
+                    return Err(StoreError::Compacted {
+                        compact_revision: self.compacted,
+                    });
                 }
                 Ok(())
             }
@@ -170,7 +199,9 @@ impl Model {
     /// the current revision "future". Answers with the current revision.
     pub fn compact(&mut self, revision: i64) -> Result<i64, StoreError> {
         if revision <= self.compacted {
-            return Err(StoreError::Compacted { compact_revision: self.compacted });
+            return Err(StoreError::Compacted {
+                compact_revision: self.compacted,
+            });
         }
         if revision > self.revision() {
             return Err(StoreError::FutureRevision);
@@ -210,8 +241,15 @@ impl Model {
             })
             .map(|e| {
                 let kv = e.kv.as_ref().expect("model events carry a kv");
-                let prev = if prev_kv { self.prev_kv(&kv.key, kv.mod_revision, compacted) } else { None };
-                Event { prev_kv: prev, ..e.clone() }
+                let prev = if prev_kv {
+                    self.prev_kv(&kv.key, kv.mod_revision, compacted)
+                } else {
+                    None
+                };
+                Event {
+                    prev_kv: prev,
+                    ..e.clone()
+                }
             })
             .collect()
     }
@@ -220,7 +258,9 @@ impl Model {
     /// below the compaction floor.
     pub fn history(&self, from: i64, through: i64) -> Result<Vec<Event>, StoreError> {
         if from < self.compacted {
-            return Err(StoreError::Compacted { compact_revision: self.compacted });
+            return Err(StoreError::Compacted {
+                compact_revision: self.compacted,
+            });
         }
         Ok(self.events(from, through, b"\0", b"\0", true, self.compacted))
     }
@@ -236,7 +276,11 @@ fn range_over(snapshot: &Snapshot, req: &RangeRequest, header_revision: i64) -> 
         .map(|(_, kv)| kv)
         .collect();
     let count = matching.len() as i64;
-    let mut kvs: Vec<KeyValue> = if req.count_only { Vec::new() } else { matching.into_iter().cloned().collect() };
+    let mut kvs: Vec<KeyValue> = if req.count_only {
+        Vec::new()
+    } else {
+        matching.into_iter().cloned().collect()
+    };
     let mut more = false;
     if req.limit > 0 && kvs.len() as i64 > req.limit {
         kvs.truncate(usize::try_from(req.limit).expect("positive"));
@@ -247,7 +291,12 @@ fn range_over(snapshot: &Snapshot, req: &RangeRequest, header_revision: i64) -> 
             kv.value = Bytes::new();
         }
     }
-    RangeResponse { header: header(header_revision), kvs, more, count }
+    RangeResponse {
+        header: header(header_revision),
+        kvs,
+        more,
+        count,
+    }
 }
 
 /// Which branch each txn on the chosen path takes, in the order etcd's `compareToPath` lists
@@ -260,7 +309,11 @@ struct Path {
 
 fn choose_path(view: &Snapshot, txn: &TxnRequest) -> Path {
     let succeeded = txn.compare.iter().all(|c| apply_compare(view, c));
-    let ops = if succeeded { &txn.success } else { &txn.failure };
+    let ops = if succeeded {
+        &txn.success
+    } else {
+        &txn.failure
+    };
     let nested = ops
         .iter()
         .filter_map(|op| match &op.request {
@@ -277,7 +330,11 @@ fn check_path(
     path: &Path,
     check: &mut impl FnMut(&RequestOp) -> Result<(), StoreError>,
 ) -> Result<(), StoreError> {
-    let ops = if path.succeeded { &txn.success } else { &txn.failure };
+    let ops = if path.succeeded {
+        &txn.success
+    } else {
+        &txn.failure
+    };
     let mut nested = path.nested.iter();
     for op in ops {
         match &op.request {
@@ -294,8 +351,11 @@ fn check_path(
 /// as the empty KeyValue (version, revisions and lease 0); a range compare holds only if it
 /// holds for every key in it.
 fn apply_compare(view: &Snapshot, c: &Compare) -> bool {
-    let kvs: Vec<&KeyValue> =
-        view.iter().filter(|(k, _)| in_range(k, &c.key, &c.range_end)).map(|(_, kv)| kv).collect();
+    let kvs: Vec<&KeyValue> = view
+        .iter()
+        .filter(|(k, _)| in_range(k, &c.key, &c.range_end))
+        .map(|(_, kv)| kv)
+        .collect();
     let target = compare::CompareTarget::try_from(c.target).expect("generated targets are valid");
     if kvs.is_empty() {
         if target == compare::CompareTarget::Value {
@@ -347,15 +407,18 @@ fn check_intervals(ops: &[RequestOp]) -> Result<(BTreeSet<Bytes>, Vec<Interval>)
     let mut dels: Vec<Interval> = ops
         .iter()
         .filter_map(|op| match &op.request {
-            Some(request_op::Request::RequestDeleteRange(d)) => {
-                Some(Interval { key: d.key.clone(), range_end: d.range_end.clone() })
-            }
+            Some(request_op::Request::RequestDeleteRange(d)) => Some(Interval {
+                key: d.key.clone(),
+                range_end: d.range_end.clone(),
+            }),
             _ => None,
         })
         .collect();
     let mut puts: BTreeSet<Bytes> = BTreeSet::new();
     for op in ops {
-        let Some(request_op::Request::RequestTxn(t)) = &op.request else { continue };
+        let Some(request_op::Request::RequestTxn(t)) = &op.request else {
+            continue;
+        };
         let (puts_then, dels_then) = check_intervals(&t.success)?;
         let (puts_else, dels_else) = check_intervals(&t.failure)?;
         for k in &puts_then {
@@ -377,7 +440,9 @@ fn check_intervals(ops: &[RequestOp]) -> Result<(BTreeSet<Bytes>, Vec<Interval>)
         dels.extend(dels_else);
     }
     for op in ops {
-        let Some(request_op::Request::RequestPut(p)) = &op.request else { continue };
+        let Some(request_op::Request::RequestPut(p)) = &op.request else {
+            continue;
+        };
         if puts.contains(&p.key) || dels.iter().any(|d| d.contains(&p.key)) {
             return Err(StoreError::DuplicateKey);
         }
@@ -399,12 +464,21 @@ impl<'m> TxnState<'m> {
     fn new(model: &'m mut Model) -> Self {
         let begin = model.revision();
         let working = model.current().clone();
-        Self { model, begin, working, changes: Vec::new() }
+        Self {
+            model,
+            begin,
+            working,
+            changes: Vec::new(),
+        }
     }
 
     /// The revision the txn reads at (`storeTxnWrite.Range`): the pending one once written.
     fn read_revision(&self) -> i64 {
-        if self.changes.is_empty() { self.begin } else { self.begin + 1 }
+        if self.changes.is_empty() {
+            self.begin
+        } else {
+            self.begin + 1
+        }
     }
 
     fn check_put(&self, req: &PutRequest) -> Result<(), StoreError> {
@@ -419,7 +493,10 @@ impl<'m> TxnState<'m> {
     fn range(&self, req: &RangeRequest) -> RangeResponse {
         let current = self.read_revision();
         if req.revision > 0 {
-            assert!(req.revision <= self.begin, "checkRange let a future revision through");
+            assert!(
+                req.revision <= self.begin,
+                "checkRange let a future revision through"
+            );
             range_over(self.model.at(req.revision), req, current)
         } else {
             range_over(&self.working, req, current)
@@ -444,8 +521,15 @@ impl<'m> TxnState<'m> {
             lease: 0,
         };
         self.working.insert(req.key.clone(), kv.clone());
-        self.changes.push(Event { r#type: EventType::Put as i32, kv: Some(kv), prev_kv: None });
-        PutResponse { header: header(revision), prev_kv: if req.prev_kv { prev } else { None } }
+        self.changes.push(Event {
+            r#type: EventType::Put as i32,
+            kv: Some(kv),
+            prev_kv: None,
+        });
+        PutResponse {
+            header: header(revision),
+            prev_kv: if req.prev_kv { prev } else { None },
+        }
     }
 
     /// `applierV3backend.DeleteRange` + `storeTxnWrite.DeleteRange`.
@@ -459,7 +543,11 @@ impl<'m> TxnState<'m> {
         let revision = self.begin + 1;
         for kv in &doomed {
             self.working.remove(&kv.key);
-            let tombstone = KeyValue { key: kv.key.clone(), mod_revision: revision, ..Default::default() };
+            let tombstone = KeyValue {
+                key: kv.key.clone(),
+                mod_revision: revision,
+                ..Default::default()
+            };
             self.changes.push(Event {
                 r#type: EventType::Delete as i32,
                 kv: Some(tombstone),
@@ -476,13 +564,21 @@ impl<'m> TxnState<'m> {
     /// `applyTxn`. A nested txn's response keeps the empty header `newTxnResp` gave it: etcd
     /// sets a revision only on the top-level txn response.
     fn apply(&mut self, txn: &TxnRequest, path: &Path) -> TxnResponse {
-        let ops = if path.succeeded { &txn.success } else { &txn.failure };
+        let ops = if path.succeeded {
+            &txn.success
+        } else {
+            &txn.failure
+        };
         let mut nested = path.nested.iter();
         let mut responses = Vec::with_capacity(ops.len());
         for op in ops {
             let response = match op.request.as_ref().expect("generated ops are never empty") {
-                request_op::Request::RequestRange(r) => response_op::Response::ResponseRange(self.range(r)),
-                request_op::Request::RequestPut(p) => response_op::Response::ResponsePut(self.put(p)),
+                request_op::Request::RequestRange(r) => {
+                    response_op::Response::ResponseRange(self.range(r))
+                }
+                request_op::Request::RequestPut(p) => {
+                    response_op::Response::ResponsePut(self.put(p))
+                }
                 request_op::Request::RequestDeleteRange(d) => {
                     response_op::Response::ResponseDeleteRange(self.delete_range(d))
                 }
@@ -491,9 +587,15 @@ impl<'m> TxnState<'m> {
                     response_op::Response::ResponseTxn(self.apply(t, path))
                 }
             };
-            responses.push(ResponseOp { response: Some(response) });
+            responses.push(ResponseOp {
+                response: Some(response),
+            });
         }
-        TxnResponse { header: header(0), succeeded: path.succeeded, responses }
+        TxnResponse {
+            header: header(0),
+            succeeded: path.succeeded,
+            responses,
+        }
     }
 
     /// Ends the txn; a new revision exists only if something changed. Returns the revision.

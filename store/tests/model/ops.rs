@@ -146,7 +146,11 @@ impl PutOp {
     pub fn wire(&self) -> PutRequest {
         PutRequest {
             key: bytes(self.key),
-            value: if self.ignore_value { Bytes::new() } else { bytes(self.value) },
+            value: if self.ignore_value {
+                Bytes::new()
+            } else {
+                bytes(self.value)
+            },
             prev_kv: self.prev_kv,
             ignore_value: self.ignore_value,
             ..Default::default()
@@ -163,7 +167,11 @@ pub struct DeleteOp {
 impl DeleteOp {
     pub fn wire(&self) -> DeleteRangeRequest {
         let (key, range_end) = self.keys.wire();
-        DeleteRangeRequest { key, range_end, prev_kv: self.prev_kv }
+        DeleteRangeRequest {
+            key,
+            range_end,
+            prev_kv: self.prev_kv,
+        }
     }
 }
 
@@ -196,15 +204,23 @@ impl CmpOp {
     fn wire(&self, model: &Model) -> Compare {
         use compare::{CompareTarget as T, TargetUnion as U};
         let (key, range_end) = self.keys.wire();
-        let first = model.current().iter().find(|(k, _)| in_range(k, &key, &range_end)).map(|(_, kv)| kv);
-        let operand = |o: CmpOperand, field: fn(&skerry_store::pb::mvccpb::KeyValue) -> i64| match o {
+        let first = model
+            .current()
+            .iter()
+            .find(|(k, _)| in_range(k, &key, &range_end))
+            .map(|(_, kv)| kv);
+        let operand = |o: CmpOperand, field: fn(&skerry_store::pb::mvccpb::KeyValue) -> i64| match o
+        {
             CmpOperand::Literal(v) => v,
             CmpOperand::Own(d) => first.map_or(0, field) + i64::from(d),
         };
         let (target, union) = match self.target {
             CmpTarget::Value(v) => (T::Value, U::Value(bytes(v))),
             CmpTarget::Version(o) => (T::Version, U::Version(operand(o, |kv| kv.version))),
-            CmpTarget::Create(o) => (T::Create, U::CreateRevision(operand(o, |kv| kv.create_revision))),
+            CmpTarget::Create(o) => (
+                T::Create,
+                U::CreateRevision(operand(o, |kv| kv.create_revision)),
+            ),
             CmpTarget::Mod(o) => (T::Mod, U::ModRevision(operand(o, |kv| kv.mod_revision))),
             CmpTarget::Lease(v) => (T::Lease, U::Lease(v)),
         };
@@ -308,12 +324,43 @@ pub enum Op {
     Delete(DeleteOp),
     Range(RangeOp),
     Txn(TxnOp),
-    Compact { to: RevPick, physical: bool },
+    Compact {
+        to: RevPick,
+        physical: bool,
+    },
     /// Creates a watcher and checks it (and every other open one) catches up with the store.
-    Watch { keys: Keys, start: WatchStart, prev_kv: bool },
-    History { from: RevPick, through: RevPick },
+    Watch {
+        keys: Keys,
+        start: WatchStart,
+        prev_kv: bool,
+    },
+    History {
+        from: RevPick,
+        through: RevPick,
+    },
+    /// `count` puts cycling over the keys. Sent one after the other they make more revisions
+    /// than a watch stream queues (128 responses), so open watchers fall behind and catch up
+    /// by replay; sent all at once they share group commits.
+    Burst {
+        count: u16,
+        concurrent: bool,
+    },
     /// Closes the store and opens its data dir again.
     Reopen,
+}
+
+impl Op {
+    /// The puts of a burst.
+    pub fn burst(count: u16) -> Vec<PutOp> {
+        (0..usize::from(count))
+            .map(|i| PutOp {
+                key: KEYS[i % KEYS.len()],
+                value: VALUES[i % VALUES.len()],
+                prev_kv: i % 2 == 0,
+                ignore_value: false,
+            })
+            .collect()
+    }
 }
 
 fn keys() -> impl Strategy<Value = Keys> {
@@ -335,7 +382,13 @@ fn rev_pick() -> impl Strategy<Value = RevPick> {
 }
 
 fn range_op() -> impl Strategy<Value = RangeOp> {
-    (keys(), rev_pick(), prop_oneof![3 => Just(0i64), 2 => 1i64..4], any::<bool>(), any::<bool>())
+    (
+        keys(),
+        rev_pick(),
+        prop_oneof![3 => Just(0i64), 2 => 1i64..4],
+        any::<bool>(),
+        any::<bool>(),
+    )
         .prop_map(|(keys, revision, limit, count_only, keys_only)| RangeOp {
             keys,
             revision,
@@ -356,9 +409,18 @@ fn txn_range_op() -> impl Strategy<Value = RangeOp> {
 }
 
 fn put_op() -> impl Strategy<Value = PutOp> {
-    (select(&KEYS[..]), select(&VALUES[..]), any::<bool>(), prop::bool::weighted(0.1)).prop_map(
-        |(key, value, prev_kv, ignore_value)| PutOp { key, value, prev_kv, ignore_value },
+    (
+        select(&KEYS[..]),
+        select(&VALUES[..]),
+        any::<bool>(),
+        prop::bool::weighted(0.1),
     )
+        .prop_map(|(key, value, prev_kv, ignore_value)| PutOp {
+            key,
+            value,
+            prev_kv,
+            ignore_value,
+        })
 }
 
 fn delete_op() -> impl Strategy<Value = DeleteOp> {
@@ -383,7 +445,11 @@ fn cmp_op() -> impl Strategy<Value = CmpOp> {
     ];
     let keys = prop_oneof![4 => select(&KEYS[..]).prop_map(Keys::One), 1 => keys()];
     let result = select(&[R::Equal, R::NotEqual, R::Greater, R::Less][..]);
-    (keys, target, result).prop_map(|(keys, target, result)| CmpOp { keys, target, result })
+    (keys, target, result).prop_map(|(keys, target, result)| CmpOp {
+        keys,
+        target,
+        result,
+    })
 }
 
 fn leaf_req() -> impl Strategy<Value = TxnReq> {
@@ -400,7 +466,11 @@ fn txn_body(req: BoxedStrategy<TxnReq>) -> impl Strategy<Value = TxnOp> {
         prop::collection::vec(req.clone(), 0..4),
         prop::collection::vec(req, 0..4),
     )
-        .prop_map(|(compare, success, failure)| TxnOp { compare, success, failure })
+        .prop_map(|(compare, success, failure)| TxnOp {
+            compare,
+            success,
+            failure,
+        })
 }
 
 /// A txn, one level of nesting at most; four in five have their duplicate writes removed,
@@ -431,6 +501,10 @@ pub fn op() -> impl Strategy<Value = Op> {
         4 => (keys(), watch_start(), any::<bool>())
             .prop_map(|(keys, start, prev_kv)| Op::Watch { keys, start, prev_kv }),
         2 => (rev_pick(), rev_pick()).prop_map(|(from, through)| Op::History { from, through }),
+        1 => prop_oneof![
+            (1u16..=300).prop_map(|count| Op::Burst { count, concurrent: false }),
+            (1u16..=300).prop_map(|count| Op::Burst { count, concurrent: true }),
+        ],
         1 => Just(Op::Reopen),
     ]
 }
