@@ -64,27 +64,6 @@ impl KeyRange {
             }
         }
     }
-
-    /// Whether two ranges share a key (for etcd's duplicate-key check in a txn).
-    pub fn overlaps(&self, other: &KeyRange) -> bool {
-        let (a0, a1) = self.bounds();
-        let (b0, b1) = other.bounds();
-        let a_before_b_end = b1.as_ref().is_none_or(|e| a0.as_slice() < e.as_slice());
-        let b_before_a_end = a1.as_ref().is_none_or(|e| b0.as_slice() < e.as_slice());
-        a_before_b_end && b_before_a_end
-    }
-
-    /// `[start, end)` with a single key turned into `[k, k + "\0")`.
-    fn bounds(&self) -> (Vec<u8>, Option<Vec<u8>>) {
-        match self {
-            KeyRange::Single(k) => {
-                let mut end = k.to_vec();
-                end.push(0);
-                (k.to_vec(), Some(end))
-            }
-            KeyRange::Span { start, end } => (start.to_vec(), end.as_ref().map(|e| e.to_vec())),
-        }
-    }
 }
 
 impl KeyIndex {
@@ -140,14 +119,6 @@ impl KeyIndex {
     /// The revision of `key`'s row visible at `at`, if the key exists then.
     pub fn get(&self, key: &[u8], at: i64) -> Option<Rev> {
         self.keys.get(key).and_then(|entries| visible(entries, at))
-    }
-
-    /// The entry of `key` just before `rev` if it is a live put (the `prev_kv` of an event).
-    pub fn previous(&self, key: &[u8], rev: Rev) -> Option<Rev> {
-        let entries = self.keys.get(key)?;
-        let position = entries.partition_point(|e| e.rev < rev);
-        let prev = entries.get(position.checked_sub(1)?)?;
-        (!prev.tombstone).then_some(prev.rev)
     }
 
     /// Visits the keys of `range` that exist at `at`, in key order, with their visible row.
@@ -262,12 +233,6 @@ mod tests {
         assert_eq!(index.get(b"a", 6), None);
         assert_eq!(index.get(b"a", 7), None);
         assert_eq!(index.get(b"a", 8), Some(Rev::new(8, 1)));
-        assert_eq!(index.previous(b"a", Rev::new(4, 0)), Some(Rev::new(2, 0)));
-        assert_eq!(
-            index.previous(b"a", Rev::new(8, 1)),
-            None,
-            "a re-creation has no prev_kv"
-        );
     }
 
     #[test]
@@ -315,8 +280,6 @@ mod tests {
         assert!(prefix.contains(b"foo/bar"));
         assert!(!prefix.contains(b"fop"));
         let single = KeyRange::new(&b("k"), &Bytes::new());
-        assert!(
-            single.overlaps(&prefix) == false && single.overlaps(&KeyRange::new(&b("a"), &b("z")))
-        );
+        assert!(single.contains(b"k") && !single.contains(b"k0"));
     }
 }

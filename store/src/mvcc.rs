@@ -246,6 +246,10 @@ pub(crate) struct Apply<'a, 't> {
     /// The last revision assigned (committed or pending in this batch).
     pub rev: &'a mut i64,
     pub events: &'a mut Vec<Event>,
+    /// Set when a command failed after it had written: its rows and index entries cannot be
+    /// taken back one by one, so the writer must abandon the whole batch (and restart from
+    /// disk). Validation before the first write makes this unreachable for client errors.
+    pub poisoned: bool,
 }
 
 /// A write transaction inside one command: changes take revision `begin + 1` with increasing
@@ -290,8 +294,33 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, StoreError> {
-        let rev = self.apply.mvcc.index.read().get(key, self.read_rev());
+        self.get_at(key, self.read_rev())
+    }
+
+    fn get_at(&self, key: &[u8], at: i64) -> Result<Option<KeyValue>, StoreError> {
+        let rev = self.apply.mvcc.index.read().get(key, at);
         rev.map(|rev| read_kv(&*self.apply.table, rev)).transpose()
+    }
+
+    /// An event's `prev_kv`: the key as it was before this txn (etcd reads it at
+    /// `mod_revision - 1`), which differs from the txn's own view when the txn touched the key
+    /// earlier; never for a creation.
+    fn event_prev(
+        &self,
+        key: &[u8],
+        in_txn_prev: &Option<KeyValue>,
+        creation: bool,
+    ) -> Result<Option<KeyValue>, StoreError> {
+        if creation {
+            return Ok(None);
+        }
+        if in_txn_prev
+            .as_ref()
+            .is_some_and(|p| p.mod_revision <= self.begin)
+        {
+            return Ok(in_txn_prev.clone());
+        }
+        self.get_at(key, self.begin)
     }
 
     fn range(&self, req: &RangeRequest) -> Result<RangeResponse, StoreError> {
@@ -340,10 +369,11 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
                 lessor.attach(lease, &req.key);
             }
         }
+        let event_prev = self.event_prev(&req.key, &prev, version == 1)?;
         self.apply.events.push(Event {
             r#type: EventType::Put as i32,
             kv: Some(kv),
-            prev_kv: prev.clone(),
+            prev_kv: event_prev,
         });
         Ok(PutResponse {
             header: Some(revision_header(rev.main)),
@@ -382,10 +412,12 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
             if prev.lease != 0 {
                 self.apply.mvcc.lessor.lock().detach(prev.lease, &key);
             }
+            let in_txn_prev = Some(prev.clone());
+            let event_prev = self.event_prev(&key, &in_txn_prev, false)?;
             self.apply.events.push(Event {
                 r#type: EventType::Delete as i32,
                 kv: Some(tombstone),
-                prev_kv: Some(prev.clone()),
+                prev_kv: event_prev,
             });
             if req.prev_kv {
                 prev_kvs.push(prev);
@@ -469,11 +501,32 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
         for op in ops {
             match &op.request {
                 Some(request_op::Request::RequestPut(put)) => self.check_put(put)?,
+                Some(request_op::Request::RequestRange(range)) => self.check_range(range)?,
                 Some(request_op::Request::RequestTxn(nested)) => {
                     self.check_path(nested, path, position)?;
                 }
                 _ => {}
             }
+        }
+        Ok(())
+    }
+
+    /// etcd's `checkRequestRange`: a range at an explicit revision must name one that exists
+    /// before the txn writes anything (so not the revision the txn itself creates).
+    fn check_range(&self, req: &RangeRequest) -> Result<(), StoreError> {
+        if req.revision == 0 {
+            return Ok(());
+        }
+        if req.revision > self.begin {
+            return Err(StoreError::FutureRevision);
+        }
+        let compacted = self.apply.mvcc.compact_rev();
+        // etcd's floor before any compaction is -1, so a negative revision is "compacted".
+        let first = if compacted > 0 { compacted } else { -1 };
+        if req.revision < first {
+            return Err(StoreError::Compacted {
+                compact_revision: compacted,
+            });
         }
         Ok(())
     }
@@ -522,8 +575,9 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
                 response: Some(response),
             });
         }
+        // etcd gives a nested txn response an empty header; the caller fills the outer one.
         Ok(TxnResponse {
-            header: Some(revision_header(self.read_rev())),
+            header: Some(ResponseHeader::default()),
             succeeded,
             responses,
         })
@@ -566,11 +620,27 @@ fn compare_kv(c: &Compare, target: compare::CompareTarget, kv: &KeyValue) -> boo
     }
 }
 
+impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
+    /// Turns an error after a write into poison (see [`Apply::poisoned`]).
+    fn guard<T>(&mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        match result {
+            Err(e) if self.sub > 0 => {
+                self.apply.poisoned = true;
+                Err(StoreError::Storage(format!(
+                    "command failed after writing: {e}"
+                )))
+            }
+            other => other,
+        }
+    }
+}
+
 impl<'a, 't> Apply<'a, 't> {
     pub fn put(&mut self, req: &PutRequest) -> Result<PutResponse, StoreError> {
         let mut txn = TxnWrite::new(self);
         txn.check_put(req)?;
-        let mut resp = txn.put(req)?;
+        let result = txn.put(req);
+        let mut resp = txn.guard(result)?;
         let rev = txn.finish();
         resp.header = Some(revision_header(rev));
         Ok(resp)
@@ -581,7 +651,8 @@ impl<'a, 't> Apply<'a, 't> {
         req: &DeleteRangeRequest,
     ) -> Result<DeleteRangeResponse, StoreError> {
         let mut txn = TxnWrite::new(self);
-        let mut resp = txn.delete_range(req)?;
+        let result = txn.delete_range(req);
+        let mut resp = txn.guard(result)?;
         resp.header = Some(revision_header(txn.finish()));
         Ok(resp)
     }
@@ -591,7 +662,8 @@ impl<'a, 't> Apply<'a, 't> {
         let mut path = Vec::new();
         txn.path(req, &mut path)?;
         txn.check_path(req, &path, &mut 0)?;
-        let mut resp = txn.txn(req, &path, &mut 0)?;
+        let result = txn.txn(req, &path, &mut 0);
+        let mut resp = txn.guard(result)?;
         resp.header = Some(revision_header(txn.finish()));
         Ok(resp)
     }
@@ -616,10 +688,11 @@ impl<'a, 't> Apply<'a, 't> {
         };
         let mut txn = TxnWrite::new(self);
         for key in keys {
-            txn.delete_range(&DeleteRangeRequest {
+            let result = txn.delete_range(&DeleteRangeRequest {
                 key,
                 ..Default::default()
-            })?;
+            });
+            txn.guard(result)?;
         }
         let rev = txn.finish();
         self.leases.remove(id)?;
@@ -628,51 +701,77 @@ impl<'a, 't> Apply<'a, 't> {
     }
 }
 
-/// etcd's static txn checks that need no state: the duplicate-key rule. A key may not be put
-/// twice, nor put and deleted, in one txn (nested txns included); deletes may overlap.
+/// A deleted range as etcd's duplicate-key check sees it: `[start, end)` compared as raw
+/// bytes, or one key when `end` is empty. A `range_end` of `"\0"` is *not* read as "to the
+/// end" here, so such a delete conflicts with no put: etcd 3.4 does exactly that, and a txn
+/// etcd accepts must not be refused.
+pub(crate) struct DeleteInterval {
+    start: Bytes,
+    end: Bytes,
+}
+
+impl DeleteInterval {
+    fn contains(&self, key: &[u8]) -> bool {
+        if self.end.is_empty() {
+            self.start.as_ref() == key
+        } else {
+            self.start.as_ref() <= key && key < self.end.as_ref()
+        }
+    }
+}
+
+fn intersects(dels: &[DeleteInterval], key: &[u8]) -> bool {
+    dels.iter().any(|d| d.contains(key))
+}
+
+/// etcd 3.4's `checkIntervals`, the duplicate-key rule of a txn branch, rule for rule: a key
+/// may not be put twice, nor put where a delete of the same or an enclosing level (seen so
+/// far) removes it; the two branches of a nested txn may put the same key, since only one
+/// runs; deletes may overlap each other. Returns the branch's puts and deletes.
 pub(crate) fn check_intervals(
     ops: &[RequestOp],
-) -> Result<(Vec<KeyRange>, HashSet<Bytes>), StoreError> {
-    let mut dels: Vec<KeyRange> = Vec::new();
+) -> Result<(HashSet<Bytes>, Vec<DeleteInterval>), StoreError> {
+    let mut dels: Vec<DeleteInterval> = ops
+        .iter()
+        .filter_map(|op| match &op.request {
+            Some(request_op::Request::RequestDeleteRange(d)) => Some(DeleteInterval {
+                start: d.key.clone(),
+                end: d.range_end.clone(),
+            }),
+            _ => None,
+        })
+        .collect();
     let mut puts: HashSet<Bytes> = HashSet::new();
     for op in ops {
-        match &op.request {
-            Some(request_op::Request::RequestDeleteRange(d)) => {
-                dels.push(KeyRange::new(&d.key, &d.range_end));
-            }
-            Some(request_op::Request::RequestPut(p)) if !puts.insert(p.key.clone()) => {
+        let Some(request_op::Request::RequestTxn(t)) = &op.request else {
+            continue;
+        };
+        let (puts_then, dels_then) = check_intervals(&t.success)?;
+        let (puts_else, dels_else) = check_intervals(&t.failure)?;
+        for key in &puts_then {
+            if puts.contains(key) || intersects(&dels, key) {
                 return Err(StoreError::DuplicateKey);
             }
-            Some(request_op::Request::RequestTxn(t)) => {
-                let (success_dels, success_puts) = check_intervals(&t.success)?;
-                let (failure_dels, failure_puts) = check_intervals(&t.failure)?;
-                // Only one branch runs, so the branches may overlap each other, but neither
-                // may overlap what the enclosing txn writes.
-                for key in success_puts.iter().chain(failure_puts.iter()) {
-                    if puts.contains(key) {
-                        return Err(StoreError::DuplicateKey);
-                    }
-                }
-                let mut branch_puts = success_puts;
-                branch_puts.extend(failure_puts);
-                for key in &branch_puts {
-                    if dels.iter().any(|d| d.contains(key)) {
-                        return Err(StoreError::DuplicateKey);
-                    }
-                }
-                puts.extend(branch_puts);
-                dels.extend(success_dels);
-                dels.extend(failure_dels);
+            puts.insert(key.clone());
+        }
+        for key in &puts_else {
+            if (puts.contains(key) && !puts_then.contains(key)) || intersects(&dels, key) {
+                return Err(StoreError::DuplicateKey);
             }
-            _ => {}
+            puts.insert(key.clone());
+        }
+        dels.extend(dels_then);
+        dels.extend(dels_else);
+    }
+    for op in ops {
+        if let Some(request_op::Request::RequestPut(p)) = &op.request {
+            if puts.contains(&p.key) || intersects(&dels, &p.key) {
+                return Err(StoreError::DuplicateKey);
+            }
+            puts.insert(p.key.clone());
         }
     }
-    for key in &puts {
-        if dels.iter().any(|d| d.contains(key)) {
-            return Err(StoreError::DuplicateKey);
-        }
-    }
-    Ok((dels, puts))
+    Ok((puts, dels))
 }
 
 #[cfg(test)]

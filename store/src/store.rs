@@ -473,7 +473,14 @@ impl Store {
             });
         }
         let table = txn.open_table(KV)?;
-        read_events(&table, &self.shared.mvcc.index, from, through, true)
+        read_events(
+            &table,
+            &self.shared.mvcc.index,
+            compacted,
+            from,
+            through,
+            true,
+        )
     }
 
     async fn propose(&self, command: Cmd, physical: bool) -> Result<CommandResult, StoreError> {
@@ -682,9 +689,15 @@ fn load(db: &Database) -> Result<Loaded, StoreError> {
 }
 
 /// Reads rows of revisions `from..=through` as watch events, with `prev_kv` when asked.
+///
+/// An event's `prev_kv` is the key as it was at the revision before the event (etcd reads it
+/// at `mod_revision - 1`), never for a creation; like etcd's, it is left out when that
+/// revision is below the compaction floor `compacted`, whether or not physical compaction has
+/// reached the row yet, so the answer does not depend on timing.
 fn read_events<T: ReadableTable<(u64, u64), &'static [u8]>>(
     table: &T,
     index: &RwLock<KeyIndex>,
+    compacted: i64,
     from: i64,
     through: i64,
     with_prev: bool,
@@ -699,8 +712,9 @@ fn read_events<T: ReadableTable<(u64, u64), &'static [u8]>>(
         let (key, value) = row?;
         let rev = Rev::from_row_key(key.value());
         let (tombstone, mut kv) = mvcc::decode_row(value.value())?;
-        let prev_kv = if with_prev {
-            let prev_rev = index.read().previous(&kv.key, rev);
+        let creation = !tombstone && kv.create_revision == kv.mod_revision;
+        let prev_kv = if with_prev && !creation && rev.main - 1 >= compacted {
+            let prev_rev = index.read().get(&kv.key, rev.main - 1);
             match prev_rev {
                 Some(p) => table
                     .get(p.to_row_key())?
@@ -853,6 +867,7 @@ impl Writer {
                     leases: &mut leases,
                     rev: &mut self.rev,
                     events: &mut events,
+                    poisoned: false,
                 };
                 let result = match command.command {
                     Some(Cmd::Put(req)) => apply.put(&req).map(CommandResult::Put),
@@ -874,7 +889,8 @@ impl Writer {
                         .map(|revision| CommandResult::LeaseRevoke { revision }),
                     Some(Cmd::Compaction(req)) => {
                         let floor = new_compaction.unwrap_or(self.shared.mvcc.compact_rev());
-                        if req.revision > self.rev {
+                        let current = *apply.rev;
+                        if req.revision > current {
                             Err(StoreError::FutureRevision)
                         } else if req.revision <= floor {
                             Err(StoreError::Compacted {
@@ -883,11 +899,19 @@ impl Writer {
                         } else {
                             meta.insert(META_COMPACT_REVISION, req.revision as u64)?;
                             new_compaction = Some(req.revision);
-                            Ok(CommandResult::Compact { revision: self.rev })
+                            Ok(CommandResult::Compact { revision: current })
                         }
                     }
                     None => Err(StoreError::Storage("empty command".into())),
                 };
+                let poisoned = apply.poisoned;
+                if poisoned {
+                    // Dropping the uncommitted transaction discards the batch on disk; the
+                    // writer then stops (see `fail`), and a restart rebuilds memory from disk.
+                    return Err(result.err().unwrap_or_else(|| {
+                        StoreError::Storage("command left partial writes".into())
+                    }));
+                }
                 if let (true, Ok(CommandResult::Compact { .. }), Some(at)) =
                     (physical, &result, new_compaction)
                 {
@@ -1060,7 +1084,14 @@ fn sync_round(shared: &Shared) -> Result<(), StoreError> {
     let through = current.min(from.saturating_add(WATCH_SYNC_REVISIONS_MAX - 1));
     let table = txn.open_table(KV)?;
     let with_prev = live.iter().any(|w| w.prev_kv);
-    let events = read_events(&table, &shared.mvcc.index, from, through, with_prev)?;
+    let events = read_events(
+        &table,
+        &shared.mvcc.index,
+        compacted,
+        from,
+        through,
+        with_prev,
+    )?;
     drop(table);
     drop(txn);
     let mut any_behind = false;

@@ -6,10 +6,9 @@
 //! etcd 3.4 would give. Each rule cites the etcd 3.4 function it follows (`etcdserver/apply.go`,
 //! `mvcc/kvstore_txn.go`, `etcdserver/api/v3rpc/key.go`, `etcdserver/api/v3rpc/watch.go`).
 //!
-//! One etcd behaviour is deliberately not copied: etcd's duplicate-key check (`checkIntervals`)
-//! builds the interval `[key, "\0")` for a delete with `range_end = "\0"`, which is empty, so it
-//! lets a txn put a key that the same txn deletes "from key". Here `"\0"` means "every key from
-//! `key` on" in the check as everywhere else.
+//! One etcd quirk is copied on purpose: etcd's duplicate-key check (`checkIntervals`) builds
+//! the interval `[key, "\0")` for a delete with `range_end = "\0"`, which is empty, so it lets
+//! a txn put a key that the same txn deletes "from key". skerry accepts what etcd accepts.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -394,8 +393,14 @@ struct Interval {
 }
 
 impl Interval {
+    /// As etcd's interval tree sees a delete: raw `[key, range_end)`, or the one key when the
+    /// end is empty; `"\0"` gets no special meaning here (see the module docs).
     fn contains(&self, key: &[u8]) -> bool {
-        in_range(key, &self.key, &self.range_end)
+        if self.range_end.is_empty() {
+            self.key.as_ref() == key
+        } else {
+            self.key.as_ref() <= key && key < self.range_end.as_ref()
+        }
     }
 }
 

@@ -1,0 +1,260 @@
+//! Differential test: the same etcdctl session against a real etcd 3.4 and against skerry,
+//! outputs compared line by line. etcd is the reference for every detail a client can see;
+//! this catches differences nobody thought to write an expectation for.
+//!
+//! Needs `/usr/bin/etcd` (Debian's `etcd-server`, which `.ci/run` installs) besides etcdctl.
+//! Only what differs by nature is masked: cluster and member ids, lease ids, the Raft term,
+//! and the URLs of each server.
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Server;
+
+/// How long etcd gets to start serving.
+const ETCD_START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// One etcdctl call: arguments and optional stdin.
+struct Step {
+    args: Vec<String>,
+    stdin: Option<&'static str>,
+}
+
+fn step(args: &str) -> Step {
+    Step {
+        args: args.split_whitespace().map(str::to_owned).collect(),
+        stdin: None,
+    }
+}
+
+fn step_in(args: &str, stdin: &'static str) -> Step {
+    Step {
+        stdin: Some(stdin),
+        ..step(args)
+    }
+}
+
+/// The session: writes, reads at past revisions, txns, errors, compaction, leases.
+fn session() -> Vec<Step> {
+    vec![
+        step("get foo -w json"),
+        step("put foo bar"),
+        step("put foo baz --prev-kv"),
+        step("put foo2 x -w json"),
+        step("get foo -w json"),
+        step("get foo --rev=2"),
+        step("get foo --rev=0 -w json"),
+        step("get foo --prefix --keys-only"),
+        step("get foo --prefix --limit 1 -w json"),
+        step("get foo --from-key --sort-by=VERSION --order=DESCEND -w json"),
+        step("get foo --prefix --sort-by=MODIFY --order=ASCEND --print-value-only"),
+        step("get a z"),
+        step("del nothere -w json"),
+        step("put a 1"),
+        step("put a --ignore-value -w json"),
+        step("put nokey --ignore-value"),
+        step("put a 2 --ignore-lease -w json"),
+        step("get a -w json"),
+        step_in(
+            "txn -w json",
+            "version(\"a\") = \"3\"\nvalue(\"zz\") = \"q\"\n\nput b 1\nget a\n\ndel a\n\n",
+        ),
+        step_in("txn", "mod(\"a\") > \"1\"\n\nput b 2\nget b\n\nput c 3\n\n"),
+        step_in("txn", "create(\"nope\") = \"0\"\n\nput d 2\nput d 3\n\n\n"),
+        step("del foo --prev-kv -w json"),
+        step("get foo -w json"),
+        step("del b z --prev-kv"),
+        step("watch --rev=1 --prefix f --prev-kv"),
+        step("watch --rev=2 a z"),
+        step("watch -w json --rev=5 a"),
+        step("compact 4"),
+        step("compact 3"),
+        step("compact 1000"),
+        step("get foo --rev=3"),
+        step("get foo --rev=4 -w json"),
+        step("get foo --rev=1000"),
+        step("watch --rev=2 foo"),
+        step("lease timetolive 1234"),
+        step("lease revoke 1234"),
+        step("lease keep-alive --once 1234"),
+        step("put x y --lease=1234"),
+        step("lease grant 0 -w json"),
+        step("alarm list"),
+        step("put foo2 y -w json"),
+        step("get foo2 -w json --rev=8"),
+    ]
+}
+
+fn run_session(endpoint: &str, url: &str) -> Vec<String> {
+    let mut transcript = Vec::new();
+    for s in session() {
+        // A watch that is not canceled runs until killed: give it a second to replay history.
+        let endless =
+            s.args.first().is_some_and(|a| a == "watch") && !s.args.contains(&"--rev=2".to_owned());
+        let mut command = if endless {
+            let mut c = Command::new("timeout");
+            c.args(["-s", "KILL", "1.5", "etcdctl"]);
+            c
+        } else {
+            Command::new("etcdctl")
+        };
+        let mut child = command
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={endpoint}"))
+            .arg("--command-timeout=5s")
+            .args(&s.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run etcdctl (apt-get install etcd-client)");
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(s.stdin.unwrap_or("").as_bytes())
+                .expect("write stdin");
+        }
+        let out = child.wait_with_output().expect("etcdctl output");
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        // etcdctl's own warning logs (retries) are JSON lines on stderr; keep the messages.
+        for line in String::from_utf8_lossy(&out.stderr).lines() {
+            if !line.starts_with('{') {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        transcript.push(format!(
+            "$ etcdctl {}\n{}[exit {}]",
+            s.args.join(" "),
+            mask(&text, endpoint, url),
+            out.status.code().unwrap_or(-1)
+        ));
+    }
+    transcript
+}
+
+/// Masks what differs between two servers by nature.
+fn mask(text: &str, endpoint: &str, url: &str) -> String {
+    let mut out = text.replace(url, "URL").replace(endpoint, "ENDPOINT");
+    for field in [
+        "\"cluster_id\":",
+        "\"member_id\":",
+        "\"raft_term\":",
+        "\"ID\":",
+    ] {
+        let mut masked = String::new();
+        let mut rest = out.as_str();
+        while let Some(at) = rest.find(field) {
+            masked.push_str(&rest[..at + field.len()]);
+            rest = &rest[at + field.len()..];
+            let digits = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            masked.push('N');
+            rest = &rest[digits..];
+        }
+        masked.push_str(rest);
+        out = masked;
+    }
+    // Lease ids in the simple output: 16 hex digits.
+    out.split_inclusive(char::is_whitespace)
+        .map(|word| {
+            let trimmed = word.trim_end();
+            if trimmed.len() == 16 && trimmed.chars().all(|c| c.is_ascii_hexdigit()) {
+                word.replacen(trimmed, "LEASE", 1)
+            } else {
+                word.to_owned()
+            }
+        })
+        .collect()
+}
+
+struct Etcd {
+    child: Child,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn start_etcd(dir: &Path) -> (Etcd, u16) {
+    assert!(
+        Path::new("/usr/bin/etcd").exists(),
+        "this test compares with a real etcd 3.4: apt-get install etcd-server"
+    );
+    let (client, peer) = (free_port(), free_port());
+    let child = Command::new("/usr/bin/etcd")
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--name", "default"])
+        .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+        .arg(format!(
+            "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+        ))
+        .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start etcd");
+    let etcd = Etcd { child };
+    let deadline = Instant::now() + ETCD_START_TIMEOUT;
+    loop {
+        let ready = TcpStream::connect(("127.0.0.1", client)).is_ok()
+            && Command::new("etcdctl")
+                .arg(format!("--endpoints=127.0.0.1:{client}"))
+                .args(["get", "probe"])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false);
+        if ready {
+            return (etcd, client);
+        }
+        assert!(Instant::now() < deadline, "etcd did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_etcdctl_session_reads_the_same_from_skerry_and_etcd() {
+    let etcd_dir = tempfile::tempdir().expect("tempdir");
+    let (etcd, etcd_port) = start_etcd(etcd_dir.path());
+    let etcd_endpoint = format!("127.0.0.1:{etcd_port}");
+    let reference = run_session(&etcd_endpoint, &format!("http://{etcd_endpoint}"));
+    drop(etcd);
+
+    let skerry_dir = tempfile::tempdir().expect("tempdir");
+    let skerry = Server::start(&skerry_dir.path().join("data"));
+    let ours = run_session(&skerry.endpoint(), &skerry.url());
+
+    // Shown with --nocapture, and with the failure.
+    eprintln!("{}", ours.join("\n"));
+    assert_eq!(reference.len(), ours.len());
+    let mut differences = Vec::new();
+    for (theirs, ours) in reference.iter().zip(&ours) {
+        if theirs != ours {
+            differences.push(format!("--- etcd\n{theirs}\n+++ skerry\n{ours}"));
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "skerry differs from etcd 3.4:\n{}",
+        differences.join("\n\n")
+    );
+}
