@@ -166,25 +166,28 @@ impl KeyIndex {
             .collect()
     }
 
-    /// Drops `key`'s history below `at`, keeping the row visible at `at` unless it is a
-    /// tombstone older than `at`. Returns the revisions whose rows can be deleted.
+    /// Drops `key`'s history below `at`. Every change at or above `at` stays (a watch from
+    /// the compacted revision, which stays readable, sees all of them), and so does the last
+    /// change below `at` if it is a put that a read at `at` sees. Returns the
+    /// revisions whose rows can be deleted.
     ///
-    /// A tombstone exactly at `at` is kept so that a watch from the compacted revision (which
-    /// stays readable) still sees the delete that happened at it.
+    /// etcd drops more: a key's whole generation when its tombstone is at or below `at`, even
+    /// changes made exactly at `at`, so a watch from `at` can miss them. skerry keeps them.
     pub fn compact_key(&mut self, key: &[u8], at: i64, removed: &mut Vec<Rev>) {
         let Some(entries) = self.keys.get_mut(key) else {
             return;
         };
-        let visible_position = entries.partition_point(|e| e.rev.main <= at);
-        if visible_position == 0 {
+        let below = entries.partition_point(|e| e.rev.main < at);
+        if below == 0 {
             return;
         }
-        let keep_from = visible_position - 1;
-        let kept = entries[keep_from];
-        let drop_to = if kept.tombstone && kept.rev.main < at {
-            visible_position
+        // The last change below `at` is what a read at `at` sees, unless it is a tombstone or
+        // a change at exactly `at` hides it.
+        let shadowed = entries.get(below).is_some_and(|e| e.rev.main == at);
+        let drop_to = if entries[below - 1].tombstone || shadowed {
+            below
         } else {
-            keep_from
+            below - 1
         };
         removed.extend(entries.drain(..drop_to).map(|e| e.rev));
         if entries.is_empty() {
@@ -269,6 +272,18 @@ mod tests {
             Some(1),
             "tombstone at `at` kept"
         );
+    }
+
+    #[test]
+    fn compaction_keeps_every_change_at_the_compaction_revision() {
+        let mut index = KeyIndex::default();
+        index.put(&b("a"), Rev::new(1, 0));
+        index.put(&b("a"), Rev::new(2, 0));
+        index.tombstone(&b("a"), Rev::new(2, 2));
+        let mut removed = vec![];
+        index.compact_key(b"a", 2, &mut removed);
+        assert_eq!(removed, vec![Rev::new(1, 0)], "hidden by the changes at 2");
+        assert_eq!(index.entries(b"a").map(<[Entry]>::len), Some(2));
     }
 
     #[test]

@@ -302,25 +302,18 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
         rev.map(|rev| read_kv(&*self.apply.table, rev)).transpose()
     }
 
-    /// An event's `prev_kv`: the key as it was before this txn (etcd reads it at
+    /// An event's `prev_kv`: the key as it was before this txn (etcd 3.4 reads it at
     /// `mod_revision - 1`), which differs from the txn's own view when the txn touched the key
-    /// earlier; never for a creation.
+    /// earlier (a delete "from key" and a put of that key may share a txn).
     fn event_prev(
         &self,
         key: &[u8],
         in_txn_prev: &Option<KeyValue>,
-        creation: bool,
     ) -> Result<Option<KeyValue>, StoreError> {
-        if creation {
-            return Ok(None);
+        match in_txn_prev {
+            Some(p) if p.mod_revision <= self.begin => Ok(Some(p.clone())),
+            _ => self.get_at(key, self.begin),
         }
-        if in_txn_prev
-            .as_ref()
-            .is_some_and(|p| p.mod_revision <= self.begin)
-        {
-            return Ok(in_txn_prev.clone());
-        }
-        self.get_at(key, self.begin)
     }
 
     fn range(&self, req: &RangeRequest) -> Result<RangeResponse, StoreError> {
@@ -369,7 +362,7 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
                 lessor.attach(lease, &req.key);
             }
         }
-        let event_prev = self.event_prev(&req.key, &prev, version == 1)?;
+        let event_prev = self.event_prev(&req.key, &prev)?;
         self.apply.events.push(Event {
             r#type: EventType::Put as i32,
             kv: Some(kv),
@@ -413,7 +406,7 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
                 self.apply.mvcc.lessor.lock().detach(prev.lease, &key);
             }
             let in_txn_prev = Some(prev.clone());
-            let event_prev = self.event_prev(&key, &in_txn_prev, false)?;
+            let event_prev = self.event_prev(&key, &in_txn_prev)?;
             self.apply.events.push(Event {
                 r#type: EventType::Delete as i32,
                 kv: Some(tombstone),
@@ -483,13 +476,21 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
         Ok(true)
     }
 
-    /// Checks that the writes on the chosen path can be applied: leases exist, keys exist for
-    /// `ignore_value`/`ignore_lease` (etcd's `checkRequests`). Nothing is written before this.
-    fn check_path(
+    /// Checks the ops on the chosen path before anything is written (etcd's `checkRequests`),
+    /// in etcd's order: every put first (leases exist, keys exist for `ignore_value` /
+    /// `ignore_lease`), then every range at an explicit revision. The order decides which
+    /// error a txn with several faults returns.
+    fn check_path(&self, txn: &TxnRequest, path: &[bool]) -> Result<(), StoreError> {
+        self.check_ops(txn, path, &mut 0, true)?;
+        self.check_ops(txn, path, &mut 0, false)
+    }
+
+    fn check_ops(
         &self,
         txn: &TxnRequest,
         path: &[bool],
         position: &mut usize,
+        puts: bool,
     ) -> Result<(), StoreError> {
         let succeeded = path[*position];
         *position += 1;
@@ -500,10 +501,12 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
         };
         for op in ops {
             match &op.request {
-                Some(request_op::Request::RequestPut(put)) => self.check_put(put)?,
-                Some(request_op::Request::RequestRange(range)) => self.check_range(range)?,
+                Some(request_op::Request::RequestPut(put)) if puts => self.check_put(put)?,
+                Some(request_op::Request::RequestRange(range)) if !puts => {
+                    self.check_range(range)?;
+                }
                 Some(request_op::Request::RequestTxn(nested)) => {
-                    self.check_path(nested, path, position)?;
+                    self.check_ops(nested, path, position, puts)?;
                 }
                 _ => {}
             }
@@ -661,7 +664,7 @@ impl<'a, 't> Apply<'a, 't> {
         let mut txn = TxnWrite::new(self);
         let mut path = Vec::new();
         txn.path(req, &mut path)?;
-        txn.check_path(req, &path, &mut 0)?;
+        txn.check_path(req, &path)?;
         let result = txn.txn(req, &path, &mut 0);
         let mut resp = txn.guard(result)?;
         resp.header = Some(revision_header(txn.finish()));

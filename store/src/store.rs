@@ -690,8 +690,8 @@ fn load(db: &Database) -> Result<Loaded, StoreError> {
 
 /// Reads rows of revisions `from..=through` as watch events, with `prev_kv` when asked.
 ///
-/// An event's `prev_kv` is the key as it was at the revision before the event (etcd reads it
-/// at `mod_revision - 1`), never for a creation; like etcd's, it is left out when that
+/// An event's `prev_kv` is the key as it was at the revision before the event (etcd 3.4 reads
+/// it at `mod_revision - 1`); like etcd's, it is left out when that
 /// revision is below the compaction floor `compacted`, whether or not physical compaction has
 /// reached the row yet, so the answer does not depend on timing.
 fn read_events<T: ReadableTable<(u64, u64), &'static [u8]>>(
@@ -712,8 +712,7 @@ fn read_events<T: ReadableTable<(u64, u64), &'static [u8]>>(
         let (key, value) = row?;
         let rev = Rev::from_row_key(key.value());
         let (tombstone, mut kv) = mvcc::decode_row(value.value())?;
-        let creation = !tombstone && kv.create_revision == kv.mod_revision;
-        let prev_kv = if with_prev && !creation && rev.main - 1 >= compacted {
+        let prev_kv = if with_prev && rev.main - 1 >= compacted {
             let prev_rev = index.read().get(&kv.key, rev.main - 1);
             match prev_rev {
                 Some(p) => table
