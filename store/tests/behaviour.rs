@@ -407,3 +407,41 @@ fn data_dirs_that_are_not_ours_are_refused_with_a_clear_error() {
     store.close();
     open(dir.path()).close();
 }
+
+/// etcd 3.4 panics on this txn (its duplicate-key check lets a `"\0"` delete and an
+/// `ignore_value` put of the same key through, and the put then fails mid-apply); skerry must
+/// refuse it before writing and keep serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_txn_that_crashes_etcd_is_refused_and_the_store_keeps_serving() {
+    use skerry_store::pb::etcdserverpb::{RequestOp, TxnRequest, request_op::Request};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open(dir.path());
+    put(&store, "c", "v").await;
+    let txn = TxnRequest {
+        compare: vec![],
+        success: vec![
+            RequestOp {
+                request: Some(Request::RequestDeleteRange(DeleteRangeRequest {
+                    key: Bytes::from_static(b"\0"),
+                    range_end: Bytes::from_static(b"\0"),
+                    ..Default::default()
+                })),
+            },
+            RequestOp {
+                request: Some(Request::RequestPut(PutRequest {
+                    key: b("c"),
+                    ignore_value: true,
+                    ..Default::default()
+                })),
+            },
+        ],
+        failure: vec![],
+    };
+    assert_eq!(store.txn(txn).await.err(), Some(StoreError::KeyNotFound));
+    assert_eq!(
+        put(&store, "c", "w").await,
+        3,
+        "nothing was written; writes go on"
+    );
+    store.close();
+}

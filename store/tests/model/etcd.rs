@@ -153,7 +153,8 @@ impl Model {
         // compareToPath: every compare on the chosen path sees the state before the txn.
         let path = choose_path(self.current(), req);
         // checkRequests(checkPut), then checkRequests(checkRange), against the same view.
-        check_path(req, &path, &mut |op| self.check_put_op(op))?;
+        let mut deleted: Vec<(Bytes, Bytes)> = Vec::new();
+        check_path(req, &path, &mut |op| self.check_put_op(op, &mut deleted))?;
         check_path(req, &path, &mut |op| self.check_range_op(op))?;
         let mut txn = TxnState::new(self);
         let mut resp = txn.apply(req, &path);
@@ -161,14 +162,28 @@ impl Model {
         Ok(resp)
     }
 
-    fn check_put_op(&self, op: &RequestOp) -> Result<(), StoreError> {
+    /// `checkPut`, plus one rule etcd lacks: an `ignore_value`/`ignore_lease` put of a key an
+    /// earlier delete of the same txn removed (possible only through the `"\0"` quirk of the
+    /// duplicate-key check) is `KeyNotFound` before anything is written. etcd finds that out
+    /// while applying and panics ("unexpected error during txn"); skerry refuses it cleanly.
+    fn check_put_op(
+        &self,
+        op: &RequestOp,
+        deleted: &mut Vec<(Bytes, Bytes)>,
+    ) -> Result<(), StoreError> {
         match &op.request {
             Some(request_op::Request::RequestPut(put)) => {
-                if (put.ignore_value || put.ignore_lease) && !self.current().contains_key(&put.key)
+                let removed = deleted.iter().any(|(k, end)| in_range(&put.key, k, end));
+                if (put.ignore_value || put.ignore_lease)
+                    && (!self.current().contains_key(&put.key) || removed)
                 {
                     return Err(StoreError::KeyNotFound);
                 }
                 assert_eq!(put.lease, 0, "the model has no leases");
+                Ok(())
+            }
+            Some(request_op::Request::RequestDeleteRange(d)) => {
+                deleted.push((d.key.clone(), d.range_end.clone()));
                 Ok(())
             }
             _ => Ok(()),
