@@ -85,7 +85,7 @@ fn durability(c: &mut Criterion) {
                     }
                     txn.commit().expect("commit");
                     batches += 1;
-                    if batches % WAL_CHECKPOINT_BATCHES == 0 {
+                    if batches.is_multiple_of(WAL_CHECKPOINT_BATCHES) {
                         let mut txn = db.begin_write().expect("begin");
                         txn.set_durability(Durability::Immediate)
                             .expect("durability");

@@ -712,7 +712,7 @@ fn read_events<T: ReadableTable<(u64, u64), &'static [u8]>>(
         let (key, value) = row?;
         let rev = Rev::from_row_key(key.value());
         let (tombstone, mut kv) = mvcc::decode_row(value.value())?;
-        let prev_kv = if with_prev && rev.main - 1 >= compacted {
+        let prev_kv = if with_prev && rev.main > compacted {
             let prev_rev = index.read().get(&kv.key, rev.main - 1);
             match prev_rev {
                 Some(p) => table
