@@ -6,12 +6,14 @@
 //! acknowledged counter (a write in flight at the kill may or may not have landed), the
 //! revision must not go backwards, and the history of each key must be a gap-free sequence.
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
 
 use bytes::Bytes;
+use common::Server;
 use rand::Rng;
 use skerry_store::pb::etcdserverpb::kv_client::KvClient;
 use skerry_store::pb::etcdserverpb::{PutRequest, RangeRequest};
@@ -20,61 +22,6 @@ use skerry_store::pb::etcdserverpb::{PutRequest, RangeRequest};
 const ROUNDS_DEFAULT: u32 = 8;
 /// Concurrent writers, enough that kills land in the middle of group-committed batches.
 const CLIENTS: u64 = 16;
-/// How long the server must take at most to accept connections after start.
-const START_TIMEOUT: Duration = Duration::from_secs(15);
-
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start(dir: &std::path::Path) -> Server {
-        let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_skerry"))
-            .args(["server", "--data-dir"])
-            .arg(dir)
-            .args(["--listen-client-urls", &format!("http://127.0.0.1:{port}")])
-            .args(["--log-level", "warn"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn skerry");
-        let deadline = Instant::now() + START_TIMEOUT;
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "skerry did not start listening on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Server { child, port }
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn kill(mut self) {
-        self.child.kill().expect("SIGKILL skerry");
-        self.child.wait().expect("reap skerry");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
 
 fn key(client: u64) -> Bytes {
     Bytes::from(format!("crash/{client:02}"))
@@ -106,8 +53,8 @@ async fn acknowledged_writes_survive_kill_9() {
     let mut last_revision = 0i64;
     let mut total_acked = 0u64;
     for round in 0..rounds {
-        let server = Server::start(dir.path());
-        let endpoint = server.endpoint();
+        let server = Server::start_with_args(&dir.path().join("data"), &["--log-level", "warn"]);
+        let endpoint = server.url();
         // Everything acknowledged before the last kill must be there.
         let mut kv = KvClient::connect(endpoint.clone()).await.expect("connect");
         for client in 0..CLIENTS {
@@ -171,15 +118,17 @@ async fn acknowledged_writes_survive_kill_9() {
         }
         let run_for = Duration::from_millis(rand::rng().random_range(100..600));
         tokio::time::sleep(run_for).await;
-        tokio::task::spawn_blocking(move || server.kill())
-            .await
-            .expect("kill");
+        tokio::task::spawn_blocking(move || {
+            server.kill();
+        })
+        .await
+        .expect("kill");
         for w in writers {
             total_acked += w.await.expect("writer");
         }
     }
-    let server = Server::start(dir.path());
-    let mut kv = KvClient::connect(server.endpoint()).await.expect("connect");
+    let server = Server::start_with_args(&dir.path().join("data"), &["--log-level", "warn"]);
+    let mut kv = KvClient::connect(server.url()).await.expect("connect");
     for client in 0..CLIENTS {
         let want = acked[client as usize].load(Ordering::SeqCst);
         let (value, _) = read(&mut kv, client).await.unwrap_or((0, 0));

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Server;
+use common::{Server, free_port};
 
 /// How long etcd gets to start serving.
 const ETCD_START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -182,14 +182,6 @@ impl Drop for Etcd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
 
 fn start_etcd(dir: &Path) -> (Etcd, u16) {
