@@ -19,16 +19,26 @@ use common::{Server, free_port};
 /// How long etcd gets to start serving.
 const ETCD_START_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// One etcdctl call: arguments and optional stdin.
+/// One etcdctl call: arguments, optional stdin, and whether it runs until killed (a watch
+/// that nothing cancels is given a second and a half to replay history).
 struct Step {
     args: Vec<String>,
     stdin: Option<&'static str>,
+    endless: bool,
 }
 
 fn step(args: &str) -> Step {
     Step {
         args: args.split_whitespace().map(str::to_owned).collect(),
         stdin: None,
+        endless: false,
+    }
+}
+
+fn watch(args: &str) -> Step {
+    Step {
+        endless: true,
+        ..step(args)
     }
 }
 
@@ -69,9 +79,9 @@ fn session() -> Vec<Step> {
         step("del foo --prev-kv -w json"),
         step("get foo -w json"),
         step("del b z --prev-kv"),
-        step("watch --rev=1 --prefix f --prev-kv"),
-        step("watch --rev=2 a z"),
-        step("watch -w json --rev=5 a"),
+        watch("watch --rev=1 --prefix f --prev-kv"),
+        watch("watch --rev=2 a z"),
+        watch("watch -w json --rev=5 a"),
         step("compact 4"),
         step("compact 3"),
         step("compact 1000"),
@@ -93,9 +103,7 @@ fn session() -> Vec<Step> {
 fn run_session(endpoint: &str, url: &str) -> Vec<String> {
     let mut transcript = Vec::new();
     for s in session() {
-        // A watch that is not canceled runs until killed: give it a second to replay history.
-        let endless =
-            s.args.first().is_some_and(|a| a == "watch") && !s.args.contains(&"--rev=2".to_owned());
+        let endless = s.endless;
         let mut command = if endless {
             let mut c = Command::new("timeout");
             c.args(["-s", "KILL", "1.5", "etcdctl"]);
