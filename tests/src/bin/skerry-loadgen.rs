@@ -303,7 +303,7 @@ async fn run_target(
     };
     for &workload in workloads {
         let outcome = match server.check_alive() {
-            Ok(()) => run_workload(workload, server.endpoint(), plan).await,
+            Ok(()) => run_workload(workload, server.endpoint(), plan, server.pid()).await,
             Err(e) => Err(e),
         };
         report.record(target, workload, outcome.map_err(|e| format!("{e:#}")));
@@ -322,7 +322,8 @@ async fn run_endpoint(args: RunArgs) -> Result<ExitCode> {
     let workloads = args.selection.workloads();
     let mut report = Report::new(workloads.clone(), &[args.endpoint.as_str()]);
     for &workload in &workloads {
-        let outcome = run_workload(workload, &args.endpoint, &plan).await;
+        // No child process here, so no server CPU figure.
+        let outcome = run_workload(workload, &args.endpoint, &plan, None).await;
         report.record(0, workload, outcome.map_err(|e| format!("{e:#}")));
     }
     let intro = format!(

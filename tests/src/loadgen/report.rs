@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use super::stats::{RunOutcome, TargetSummary, ratio};
+use super::stats::{RunOutcome, SERVER_CPU_EXTRA, TargetSummary, ratio};
 use super::workloads::Workload;
 
 /// One target's results: `outcomes[w][r]` is workload `w` of the report in run `r`.
@@ -137,7 +137,7 @@ impl Report {
                     summaries[1].p99_ms,
                 )));
             }
-            let notes: Vec<String> = summaries
+            let mut notes: Vec<String> = summaries
                 .iter()
                 .zip(&self.targets)
                 .filter_map(|(summary, target)| {
@@ -152,6 +152,14 @@ impl Report {
                     }
                 })
                 .collect();
+            if pair && let Some(cpu_ratio) = server_cpu_ratio(&summaries[0], &summaries[1]) {
+                notes.push(format!(
+                    "server cpu {}/{} {}",
+                    labels[0],
+                    labels[1],
+                    format_ratio(Some(cpu_ratio))
+                ));
+            }
             row.push(notes.join("; "));
             rows.push(row);
         }
@@ -195,6 +203,7 @@ impl Report {
                     json!({
                         "throughput": ratio(summaries[0].throughput, summaries[1].throughput),
                         "p99": ratio(summaries[0].p99_ms, summaries[1].p99_ms),
+                        "server_cpu_us_per_op": server_cpu_ratio(&summaries[0], &summaries[1]),
                     })
                 } else {
                     Value::Null
@@ -209,6 +218,14 @@ impl Report {
             .collect();
         json!({ "meta": meta, "workloads": workloads })
     }
+}
+
+/// First/second ratio of the servers' median CPU time per operation; below 1 favours the first.
+fn server_cpu_ratio(first: &TargetSummary, second: &TargetSummary) -> Option<f64> {
+    ratio(
+        first.extra(SERVER_CPU_EXTRA),
+        second.extra(SERVER_CPU_EXTRA),
+    )
 }
 
 fn target_json(summary: &TargetSummary, runs: &[RunOutcome]) -> Value {

@@ -16,6 +16,7 @@ use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep, timeout};
 use tracing::{debug, info};
 
+use super::stats::{Extra, SERVER_CPU_EXTRA};
 use super::workloads::connect;
 
 /// How long a fresh server gets to answer its first Range. etcd 3.4 on one node elects itself
@@ -130,6 +131,11 @@ impl Server {
         &self.endpoint
     }
 
+    /// The child's process id, `None` once it has been reaped.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Fails with the log's tail if the process has exited.
     pub fn check_alive(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait().context("poll server process")? {
@@ -175,6 +181,67 @@ impl Server {
     }
 }
 
+/// Clock ticks per second in /proc/<pid>/stat. libc is not a dependency, so rather than
+/// `sysconf(_SC_CLK_TCK)` this assumes USER_HZ = 100, which Linux fixes on every mainstream
+/// architecture (x86, arm, riscv, ...) as part of its user-space ABI.
+const CLOCK_TICKS_PER_SECOND: u64 = 100;
+
+/// A process's user + system CPU time (all threads) from /proc/<pid>/stat, or `None` if it
+/// cannot be read or parsed (not Linux, process gone).
+pub fn process_cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_time_from_stat(&stat)
+}
+
+/// Parses utime and stime (fields 14 and 15) out of a /proc/<pid>/stat line. Field 2, the
+/// command name, is parenthesized and may itself hold spaces and ')', so fields are counted
+/// from after the last ')': there field 3 (state) comes first, so utime is the 12th.
+fn cpu_time_from_stat(stat: &str) -> Option<Duration> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    let ticks = utime.checked_add(stime)?;
+    Some(Duration::from_micros(
+        ticks.checked_mul(1_000_000 / CLOCK_TICKS_PER_SECOND)?,
+    ))
+}
+
+/// Measures a server's CPU time over one workload's measured phase. Without a pid (`run`
+/// mode) or when /proc cannot be read, it yields no figure rather than an error.
+pub struct CpuMeter {
+    pid: Option<u32>,
+    start: Option<Duration>,
+}
+
+impl CpuMeter {
+    /// Starts measuring `pid`'s CPU time now.
+    pub fn start(pid: Option<u32>) -> Self {
+        Self {
+            pid,
+            start: pid.and_then(process_cpu_time),
+        }
+    }
+
+    /// Starts over, so a workload can leave its setup (such as range's preload) out.
+    pub fn restart(&mut self) {
+        self.start = self.pid.and_then(process_cpu_time);
+    }
+
+    /// The server's CPU microseconds per operation since the start, as an `Extra`; `None`
+    /// without a pid, a /proc reading, or a completed operation. The resolution is one clock
+    /// tick (10 ms), so short workloads read coarsely.
+    pub fn finish(&self, ops: u64) -> Option<Extra> {
+        let end = process_cpu_time(self.pid?)?;
+        let used = end.checked_sub(self.start?)?;
+        (ops > 0).then(|| Extra {
+            name: SERVER_CPU_EXTRA,
+            value: used.as_secs_f64() * 1_000_000.0 / ops as f64,
+            unit: " us/op",
+        })
+    }
+}
+
 /// One linearizable Range of a key that need not exist.
 async fn probe(endpoint: &str) -> Result<()> {
     let channel = connect(endpoint, Some(STARTUP_PROBE_TIMEOUT)).await?;
@@ -210,5 +277,23 @@ fn log_tail(path: &Path) -> String {
             lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
         }
         Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_parsing_survives_odd_comm() {
+        let stat = "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 9 0";
+        assert_eq!(cpu_time_from_stat(stat), Some(Duration::from_millis(3_250)));
+        assert_eq!(cpu_time_from_stat("4242 (x) S 1 2"), None);
+        assert_eq!(cpu_time_from_stat("garbage"), None);
+    }
+
+    #[test]
+    fn reads_own_cpu_time() {
+        assert!(process_cpu_time(std::process::id()).is_some());
     }
 }

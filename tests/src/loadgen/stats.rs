@@ -43,6 +43,10 @@ fn percentile(sorted_us: &[u64], p: f64) -> u64 {
     sorted_us[index]
 }
 
+/// The `Extra` holding the server's CPU time per operation over the measured phase, in
+/// microseconds; only `compare`, which owns the server processes, reports it.
+pub const SERVER_CPU_EXTRA: &str = "server cpu";
+
 /// A workload-specific number reported beside throughput and latency, such as the txn
 /// conflict rate or the time of one full range scan.
 #[derive(Clone, Debug)]
@@ -116,7 +120,7 @@ pub struct TargetSummary {
     pub errors: u64,
     /// Runs that stopped before finishing their planned operations.
     pub runs_stopped_early: usize,
-    /// Median of each extra, in the order the first run reported them.
+    /// Median of each extra over the runs that reported it, in first-reported order.
     pub extras: Vec<Extra>,
 }
 
@@ -134,23 +138,21 @@ impl TargetSummary {
             .collect();
         let collect =
             |f: &dyn Fn(&WorkloadResult) -> f64| ok.iter().map(|r| f(r)).collect::<Vec<_>>();
-        let extras = ok
-            .first()
-            .map(|first| {
-                first
-                    .extras
-                    .iter()
-                    .filter_map(|extra| {
-                        let values: Vec<f64> =
-                            ok.iter().filter_map(|r| r.extra(extra.name)).collect();
-                        median(&values).map(|value| Extra {
-                            value,
-                            ..extra.clone()
-                        })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        // Names in first-seen order over all runs: an extra may be missing from one run (the
+        // server CPU figure when /proc could not be read).
+        let mut extras: Vec<Extra> = Vec::new();
+        for extra in ok.iter().flat_map(|r| &r.extras) {
+            if extras.iter().any(|e| e.name == extra.name) {
+                continue;
+            }
+            let values: Vec<f64> = ok.iter().filter_map(|r| r.extra(extra.name)).collect();
+            if let Some(value) = median(&values) {
+                extras.push(Extra {
+                    value,
+                    ..extra.clone()
+                });
+            }
+        }
         Self {
             runs_ok: ok.len(),
             failures,
@@ -161,6 +163,15 @@ impl TargetSummary {
             runs_stopped_early: ok.iter().filter(|r| r.stopped_early.is_some()).count(),
             extras,
         }
+    }
+}
+
+impl TargetSummary {
+    pub fn extra(&self, name: &str) -> Option<f64> {
+        self.extras
+            .iter()
+            .find(|extra| extra.name == name)
+            .map(|extra| extra.value)
     }
 }
 

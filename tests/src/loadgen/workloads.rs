@@ -29,6 +29,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info};
 
+use super::server::CpuMeter;
 use super::stats::{ERROR_SAMPLES_MAX, Extra, LatencySummary, WorkloadResult};
 
 /// Concurrent clients in put64, get and txn, each with one request in flight: the issue's
@@ -210,14 +211,18 @@ impl Plan {
     }
 }
 
-/// Runs one workload against `endpoint` and measures it.
+/// Runs one workload against `endpoint` and measures it. With the server's `server_pid`, also
+/// reports its CPU time per operation (`SERVER_CPU_EXTRA`) from /proc, measured from here
+/// (connection setup included) to the workload's end, except for range's preload.
 pub async fn run_workload(
     workload: Workload,
     endpoint: &str,
     plan: &Plan,
+    server_pid: Option<u32>,
 ) -> Result<WorkloadResult> {
     let deadline = Instant::now() + plan.deadline;
     info!(workload = workload.name(), endpoint, "starting workload");
+    let mut cpu = CpuMeter::start(server_pid);
     let result = match workload {
         Workload::Put1 => put_workload(workload, endpoint, 1, 1, plan.put1_ops, deadline).await,
         Workload::Put64 => {
@@ -234,8 +239,12 @@ pub async fn run_workload(
         Workload::Get => get_workload(endpoint, plan.get_ops, deadline).await,
         Workload::Txn => txn_workload(endpoint, plan.txn_ops, deadline).await,
         Workload::Watch => watch_workload(endpoint, plan, deadline).await,
-        Workload::Range => range_workload(endpoint, plan, deadline).await,
+        Workload::Range => range_workload(endpoint, plan, deadline, &mut cpu).await,
     };
+    let result = result.map(|mut r| {
+        r.extras.extend(cpu.finish(r.ops));
+        r
+    });
     match &result {
         Ok(r) => info!(
             workload = workload.name(),
@@ -1081,7 +1090,13 @@ fn prefix_end(prefix: &[u8]) -> Bytes {
 /// Preloads `plan.range_keys` keys under a prefix with put64's clients, then scans the prefix
 /// `plan.range_scans` times in pages of `RANGE_PAGE_LIMIT`, each page starting at the last key
 /// plus "\0" and pinned to the first page's revision, as the kube-apiserver paginates.
-async fn range_workload(endpoint: &str, plan: &Plan, deadline: Instant) -> Result<WorkloadResult> {
+/// `cpu` restarts after the preload, so the server's CPU per page leaves the preload out.
+async fn range_workload(
+    endpoint: &str,
+    plan: &Plan,
+    deadline: Instant,
+    cpu: &mut CpuMeter,
+) -> Result<WorkloadResult> {
     let channels = connect_many(endpoint, CHANNELS, Some(REQUEST_TIMEOUT)).await?;
     let prefix = format!("{KEY_PREFIX}range/");
     let preload = drive(
@@ -1104,6 +1119,7 @@ async fn range_workload(endpoint: &str, plan: &Plan, deadline: Instant) -> Resul
         );
     }
     info!(keys = plan.range_keys, elapsed = ?preload.elapsed, "preloaded range keys");
+    cpu.restart();
 
     let mut kv = KvClient::new(channels[0].clone());
     let range_end = prefix_end(prefix.as_bytes());
