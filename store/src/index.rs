@@ -195,14 +195,6 @@ impl KeyIndex {
         }
     }
 
-    /// Rebuild support: the live keys and their latest row, for the lessor's attachments.
-    pub fn live_keys(&self) -> impl Iterator<Item = (&Bytes, Rev)> {
-        self.keys.iter().filter_map(|(k, entries)| {
-            let last = entries.last()?;
-            (!last.tombstone).then_some((k, last.rev))
-        })
-    }
-
     /// The whole history of one key (tests and invariant checks).
     pub fn entries(&self, key: &[u8]) -> Option<&[Entry]> {
         self.keys.get(key).map(Vec::as_slice)

@@ -474,10 +474,6 @@ impl WatchHub {
             inner.streams.len(),
         )
     }
-
-    pub fn current_rev(&self) -> i64 {
-        self.inner.lock().current_rev
-    }
 }
 
 impl HubInner {

@@ -99,6 +99,12 @@ async fn a_slow_watcher_falls_back_to_history_and_misses_nothing() {
     for i in 0..writes {
         put(&store, "k", &i.to_string()).await;
     }
+    let (watchers, unsynced, _) = store.hub().counts();
+    assert_eq!(
+        (watchers, unsynced),
+        (1, 1),
+        "the full queue moved the watcher to replay"
+    );
     let mut seen = Vec::new();
     while seen.len() < writes {
         let resp = recv(&mut slow).await;
