@@ -102,13 +102,19 @@ fn durability(c: &mut Criterion) {
     group.finish();
 }
 
-fn put(c: &mut Criterion) {
+/// A runtime and a store in a fresh temp dir (kept alive by the returned guard).
+fn open_store() -> (tokio::runtime::Runtime, tempfile::TempDir, Store) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(StoreConfig::new(dir.path())).expect("open");
+    (runtime, dir, store)
+}
+
+fn put(c: &mut Criterion) {
+    let (runtime, _dir, store) = open_store();
     let mut group = c.benchmark_group("put");
     group
         .sample_size(20)
@@ -152,12 +158,7 @@ fn put(c: &mut Criterion) {
 }
 
 fn range(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(StoreConfig::new(dir.path())).expect("open");
+    let (runtime, _dir, store) = open_store();
     runtime.block_on(async {
         let mut tasks = Vec::new();
         for i in 0..20_000u32 {

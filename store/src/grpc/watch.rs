@@ -64,43 +64,42 @@ async fn handle(
                 Err(CreateError::StreamClosed) => return false,
                 Err(CreateError::DuplicateId) => {
                     let resp = WatchResponse {
-                        header: Some(store.header(store.revision())),
-                        watch_id: create.watch_id,
                         created: true,
-                        canceled: true,
                         cancel_reason: "etcdserver: duplicate watch ID".into(),
-                        ..Default::default()
+                        ..canceled(store, create.watch_id)
                     };
-                    return tx
-                        .send(WatchOut {
-                            response: resp,
-                            fragment: false,
-                        })
-                        .await
-                        .is_ok();
+                    return send(tx, resp).await;
                 }
             }
         }
         Some(RequestUnion::CancelRequest(cancel)) if hub.cancel(stream_id, cancel.watch_id) => {
-            let resp = WatchResponse {
-                header: Some(store.header(store.revision())),
-                watch_id: cancel.watch_id,
-                canceled: true,
-                ..Default::default()
-            };
-            return tx
-                .send(WatchOut {
-                    response: resp,
-                    fragment: false,
-                })
-                .await
-                .is_ok();
+            return send(tx, canceled(store, cancel.watch_id)).await;
         }
         Some(RequestUnion::ProgressRequest(_)) => hub.request_progress(stream_id),
         // Cancelling an unknown watch id: etcd says nothing.
         Some(RequestUnion::CancelRequest(_)) | None => {}
     }
     true
+}
+
+/// A `canceled` response for `watch_id` at the current revision.
+fn canceled(store: &Store, watch_id: i64) -> WatchResponse {
+    WatchResponse {
+        header: Some(store.header(store.revision())),
+        watch_id,
+        canceled: true,
+        ..Default::default()
+    }
+}
+
+/// Queues a control response; false once the stream is gone.
+async fn send(tx: &mpsc::Sender<WatchOut>, response: WatchResponse) -> bool {
+    tx.send(WatchOut {
+        response,
+        fragment: false,
+    })
+    .await
+    .is_ok()
 }
 
 /// The response side of a watch stream. Dropping it (the client went away) removes the
