@@ -116,8 +116,8 @@ struct RunArgs {
 #[derive(Args)]
 struct Selection {
     /// Workloads to run, comma-separated, or `all`.
-    #[arg(long, value_delimiter = ',', default_value = "all")]
-    workloads: Vec<WorkloadChoice>,
+    #[arg(long, value_delimiter = ',', default_value = "all", value_parser = parse_workloads)]
+    workloads: Vec<Vec<Workload>>,
     /// `quick` finishes a three-run compare in under three minutes; `full` has larger counts.
     #[arg(long, value_enum, default_value_t = Scale::Quick)]
     scale: Scale,
@@ -126,11 +126,7 @@ struct Selection {
 impl Selection {
     /// The chosen workloads in the canonical order, each once.
     fn workloads(&self) -> Vec<Workload> {
-        if self.workloads.contains(&WorkloadChoice::All) {
-            return Workload::ALL.to_vec();
-        }
-        let mut chosen: Vec<Workload> =
-            self.workloads.iter().filter_map(|c| c.workload()).collect();
+        let mut chosen: Vec<Workload> = self.workloads.iter().flatten().copied().collect();
         chosen.sort();
         chosen.dedup();
         chosen
@@ -147,29 +143,12 @@ struct Output {
     markdown: Option<PathBuf>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum WorkloadChoice {
-    All,
-    Put1,
-    Put64,
-    Get,
-    Txn,
-    Watch,
-    Range,
-}
-
-impl WorkloadChoice {
-    fn workload(self) -> Option<Workload> {
-        match self {
-            WorkloadChoice::All => None,
-            WorkloadChoice::Put1 => Some(Workload::Put1),
-            WorkloadChoice::Put64 => Some(Workload::Put64),
-            WorkloadChoice::Get => Some(Workload::Get),
-            WorkloadChoice::Txn => Some(Workload::Txn),
-            WorkloadChoice::Watch => Some(Workload::Watch),
-            WorkloadChoice::Range => Some(Workload::Range),
-        }
+/// One `--workloads` item: a workload's name, or `all`.
+fn parse_workloads(item: &str) -> Result<Vec<Workload>, String> {
+    if item.eq_ignore_ascii_case("all") {
+        return Ok(Workload::ALL.to_vec());
     }
+    Workload::from_str(item, true).map(|w| vec![w])
 }
 
 #[tokio::main]
