@@ -243,6 +243,7 @@ pub(crate) struct Apply<'a, 't> {
     pub mvcc: &'a Mvcc,
     pub table: &'a mut KvTable<'t>,
     pub leases: &'a mut redb::Table<'t, i64, i64>,
+    pub meta: &'a mut redb::Table<'t, &'static str, u64>,
     /// The last revision assigned (committed or pending in this batch).
     pub rev: &'a mut i64,
     pub events: &'a mut Vec<Event>,
@@ -686,6 +687,23 @@ impl<'a, 't> Apply<'a, 't> {
         let mut resp = txn.guard(result)?;
         resp.header = Some(revision_header(txn.finish()));
         Ok(resp)
+    }
+
+    /// Records a compaction to `revision`; `floor` is the compaction revision in force
+    /// (including one recorded earlier in the same batch). Returns the store revision. The
+    /// rows are dropped later, in bounded steps, once this is durable.
+    pub fn compact(&mut self, revision: i64, floor: i64) -> Result<i64, StoreError> {
+        if revision > *self.rev {
+            return Err(StoreError::FutureRevision);
+        }
+        if revision <= floor {
+            return Err(StoreError::Compacted {
+                compact_revision: floor,
+            });
+        }
+        self.meta
+            .insert(META_COMPACT_REVISION, u64::try_from(revision).unwrap_or(0))?;
+        Ok(*self.rev)
     }
 
     /// Grants a lease whose id and TTL the proposer has already chosen. The lessor learns of

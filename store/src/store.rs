@@ -864,6 +864,7 @@ impl Writer {
                     mvcc: &self.shared.mvcc,
                     table: &mut table,
                     leases: &mut leases,
+                    meta: &mut meta,
                     rev: &mut self.rev,
                     events: &mut events,
                     poisoned: false,
@@ -888,18 +889,10 @@ impl Writer {
                         .map(|revision| CommandResult::LeaseRevoke { revision }),
                     Some(Cmd::Compaction(req)) => {
                         let floor = new_compaction.unwrap_or(self.shared.mvcc.compact_rev());
-                        let current = *apply.rev;
-                        if req.revision > current {
-                            Err(StoreError::FutureRevision)
-                        } else if req.revision <= floor {
-                            Err(StoreError::Compacted {
-                                compact_revision: floor,
-                            })
-                        } else {
-                            meta.insert(META_COMPACT_REVISION, req.revision as u64)?;
+                        apply.compact(req.revision, floor).map(|revision| {
                             new_compaction = Some(req.revision);
-                            Ok(CommandResult::Compact { revision: current })
-                        }
+                            CommandResult::Compact { revision }
+                        })
                     }
                     None => Err(StoreError::Storage("empty command".into())),
                 };
