@@ -30,6 +30,7 @@ pub mod rev;
 pub mod snapshot;
 pub mod store;
 pub mod validate;
+pub mod wal;
 pub mod watch;
 
 pub use error::StoreError;

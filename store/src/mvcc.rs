@@ -246,6 +246,9 @@ pub(crate) struct Apply<'a, 't> {
     pub meta: &'a mut redb::Table<'t, &'static str, u64>,
     /// The last revision assigned (committed or pending in this batch).
     pub rev: &'a mut i64,
+    /// The compaction floor in force for the next command: the last compaction applied,
+    /// which may be ahead of the published floor (it moves when its batch is durable).
+    pub floor: &'a mut i64,
     pub events: &'a mut Vec<Event>,
     /// Set when a command failed after it had written: its rows and index entries cannot be
     /// taken back one by one, so the writer must abandon the whole batch (and restart from
@@ -541,7 +544,7 @@ impl<'x, 'a, 't> TxnWrite<'x, 'a, 't> {
         if req.revision > self.begin {
             return Err(StoreError::FutureRevision);
         }
-        let compacted = self.apply.mvcc.compact_rev();
+        let compacted = *self.apply.floor;
         // etcd's floor before any compaction is -1, so a negative revision is "compacted".
         let first = if compacted > 0 { compacted } else { -1 };
         if req.revision < first {
@@ -689,20 +692,20 @@ impl<'a, 't> Apply<'a, 't> {
         Ok(resp)
     }
 
-    /// Records a compaction to `revision`; `floor` is the compaction revision in force
-    /// (including one recorded earlier in the same batch). Returns the store revision. The
-    /// rows are dropped later, in bounded steps, once this is durable.
-    pub fn compact(&mut self, revision: i64, floor: i64) -> Result<i64, StoreError> {
+    /// Records a compaction to `revision` and moves [`Apply::floor`] to it. Returns the store
+    /// revision. The rows are dropped later, in bounded steps, once this is published.
+    pub fn compact(&mut self, revision: i64) -> Result<i64, StoreError> {
         if revision > *self.rev {
             return Err(StoreError::FutureRevision);
         }
-        if revision <= floor {
+        if revision <= *self.floor {
             return Err(StoreError::Compacted {
-                compact_revision: floor,
+                compact_revision: *self.floor,
             });
         }
         self.meta
             .insert(META_COMPACT_REVISION, u64::try_from(revision).unwrap_or(0))?;
+        *self.floor = revision;
         Ok(*self.rev)
     }
 

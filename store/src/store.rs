@@ -1,14 +1,24 @@
 //! The store handle: opening a data dir, the group-commit writer, reads, leases, watches.
 //!
 //! # Threads
-//! - The **writer** owns every write to redb. It takes all commands waiting in its queue (up
-//!   to [`WRITE_BATCH_COMMANDS_MAX`]), applies them in order in one redb transaction with the
-//!   applied index, commits it durably (one fsync for the whole batch: group commit), then
-//!   publishes the new revision, hands the events to the watch hub and answers every caller.
-//!   Between batches it runs physical compaction in bounded steps.
+//! - The **writer** owns every write to redb and to the write-ahead log ([`crate::wal`]). It
+//!   takes all commands waiting in its queue (up to [`WRITE_BATCH_COMMANDS_MAX`]), applies
+//!   them in order in one redb transaction with the applied index, appends them to the log and
+//!   syncs it (one `fdatasync` for the whole batch: group commit), commits the redb
+//!   transaction without an fsync, then publishes the new revision, hands the events to the
+//!   watch hub and answers every caller. Every [`CHECKPOINT_COMMANDS`] commands (or
+//!   [`CHECKPOINT_INTERVAL`]) it commits redb durably and deletes the log segments that commit
+//!   covers. Between batches it runs physical compaction in bounded steps.
+//! - The **checkpoint ticker** asks the writer for a durable redb commit now and then, so an
+//!   idle store does not keep a long log to replay.
 //! - The **syncer** replays history from disk to watchers that start in the past or fell
 //!   behind, and sends periodic progress notifications.
 //! - The **lessor** thread proposes revocations of expired leases.
+//!
+//! # Recovery
+//! Opening replays the log records after redb's applied index through the same apply path,
+//! so a crash loses nothing that was acknowledged: what redb lost with its last non-durable
+//! commits is in the log.
 //!
 //! Reads run on the caller's thread against a redb read transaction and the shared index,
 //! at the published revision: a write is visible to reads exactly when it is acknowledged.
@@ -22,7 +32,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex, RwLock};
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use prost::Message;
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction,
+};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, warn};
 
@@ -41,9 +54,10 @@ use crate::pb::etcdserverpb::{
 };
 use crate::pb::mvccpb::{Event, event::EventType};
 use crate::rev::Rev;
+use crate::wal::{WAL_SEGMENT_BYTES, Wal};
 use crate::watch::WatchHub;
 
-/// Commands applied in one redb transaction and made durable by one fsync. Larger batches
+/// Commands applied in one redb transaction and made durable by one log fsync. Larger batches
 /// amortize the fsync further but delay the first caller of the batch and hold more results
 /// in memory; etcd's backend commits every 10,000 ops or 100 ms. 1,024 covers any realistic
 /// number of concurrent clients while keeping one batch's apply time in the low milliseconds.
@@ -52,6 +66,23 @@ pub const WRITE_BATCH_COMMANDS_MAX: usize = 1_024;
 /// Commands that may wait for the writer. Callers beyond it wait on the queue (back-pressure)
 /// instead of growing memory without bound.
 pub const WRITE_QUEUE_MAX: usize = 16_384;
+
+/// Commands after which the writer commits redb durably (a checkpoint) and frees the log
+/// segments it covers: etcd's backend batch limit. It bounds the log replayed at startup to
+/// about this many commands (well under a second), while hot btree pages rewritten by many
+/// batches in between reach the disk once instead of once per batch.
+pub const CHECKPOINT_COMMANDS: u64 = 10_000;
+
+/// Longest time between checkpoints while there are commands that only the log holds, so
+/// that a store under light load also keeps its log short.
+pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How often the checkpoint ticker wakes: short, so that it notices a stopping store
+/// quickly; it asks for a checkpoint only every [`CHECKPOINT_INTERVAL`].
+const CHECKPOINT_TICK: Duration = Duration::from_millis(100);
+
+/// Name of the write-ahead log directory inside the data dir.
+pub const WAL_DIR_NAME: &str = "wal";
 
 /// Keys whose history one physical-compaction step drops (etcd's `compactionBatchLimit`).
 /// Each step is one redb transaction between client batches, so writes never wait behind
@@ -95,6 +126,8 @@ pub struct StoreConfig {
     pub data_dir: PathBuf,
     /// Interval of progress notifications to watchers that asked for them.
     pub progress_notify_interval: Duration,
+    /// Size write-ahead log segments are preallocated to.
+    pub wal_segment_bytes: u64,
 }
 
 impl StoreConfig {
@@ -102,6 +135,7 @@ impl StoreConfig {
         Self {
             data_dir: data_dir.into(),
             progress_notify_interval: PROGRESS_NOTIFY_INTERVAL_DEFAULT,
+            wal_segment_bytes: WAL_SEGMENT_BYTES,
         }
     }
 }
@@ -131,6 +165,8 @@ enum WriterMsg {
     Stats {
         reply: oneshot::Sender<Result<u64, StoreError>>,
     },
+    /// Commit redb durably if the log holds commands it does not.
+    Checkpoint,
     Shutdown,
 }
 
@@ -147,8 +183,13 @@ struct Shared {
     /// The command index of the last applied command.
     applied_index: std::sync::atomic::AtomicU64,
     stopping: AtomicBool,
-    /// Durable commits made by the writer: with group commit, fewer than the writes.
+    /// Durable commits (log syncs) made by the writer: with group commit, fewer than the
+    /// writes.
     durable_commits: std::sync::atomic::AtomicU64,
+    /// Durable redb commits (checkpoints) made by the writer.
+    checkpoints: std::sync::atomic::AtomicU64,
+    /// Commands replayed from the log when the store was opened.
+    replayed: usize,
     /// Set when the writer could not commit: the store refuses further work.
     failed: AtomicBool,
     sync_wakeup: (Mutex<bool>, Condvar),
@@ -203,33 +244,46 @@ impl Store {
         let db = open_database(&config.data_dir)?;
         let path = config.data_dir.join(DB_FILE_NAME);
         let loaded = load(&db)?;
+        let mvcc = Mvcc {
+            index: RwLock::new(loaded.index),
+            current_rev: loaded.revision.into(),
+            compact_rev: loaded.compact_revision.into(),
+            lessor: Mutex::new(loaded.lessor),
+        };
+        let (wal, records) = Wal::open(
+            &config.data_dir.join(WAL_DIR_NAME),
+            loaded.applied_index,
+            config.wal_segment_bytes,
+        )?;
+        let mut cursor = ApplyCursor {
+            applied_index: loaded.applied_index,
+            rev: loaded.revision,
+            floor: loaded.compact_revision,
+        };
+        let replayed = records.len();
+        replay(&db, &mvcc, records, &mut cursor)?;
+        let (revision, applied_index) = (cursor.rev, cursor.applied_index);
         info!(
             data_dir = %config.data_dir.display(),
-            revision = loaded.revision,
-            compact_revision = loaded.compact_revision,
-            keys = loaded.index.len(),
+            revision,
+            compact_revision = mvcc.compact_rev(),
+            keys = mvcc.index.read().len(),
+            replayed,
             "opened store"
         );
+        let compact_revision = mvcc.compact_rev();
         let shared = Arc::new(Shared {
-            mvcc: Mvcc {
-                index: RwLock::new(loaded.index),
-                current_rev: loaded.revision.into(),
-                compact_rev: loaded.compact_revision.into(),
-                lessor: Mutex::new(loaded.lessor),
-            },
+            mvcc,
             db: RwLock::new(db),
-            hub: WatchHub::new(
-                loaded.revision,
-                loaded.cluster_id,
-                loaded.member_id,
-                RAFT_TERM,
-            ),
+            hub: WatchHub::new(revision, loaded.cluster_id, loaded.member_id, RAFT_TERM),
             path,
             cluster_id: loaded.cluster_id,
             member_id: loaded.member_id,
-            applied_index: loaded.applied_index.into(),
+            applied_index: applied_index.into(),
             stopping: AtomicBool::new(false),
             durable_commits: 0.into(),
+            checkpoints: 0.into(),
+            replayed,
             failed: AtomicBool::new(false),
             sync_wakeup: (Mutex::new(false), Condvar::new()),
             progress_notify_interval: config.progress_notify_interval,
@@ -238,14 +292,17 @@ impl Store {
         let mut writer = Writer {
             shared: shared.clone(),
             rx,
-            rev: loaded.revision,
-            applied_index: loaded.applied_index,
+            cursor,
             compaction: None,
             physical_waiters: Vec::new(),
+            wal,
+            unchecked: 0,
+            last_checkpoint: Instant::now(),
+            encoded: Vec::new(),
         };
-        if loaded.compact_finished < loaded.compact_revision {
+        if loaded.compact_finished < compact_revision {
             writer.compaction = Some(CompactionJob {
-                at: loaded.compact_revision,
+                at: compact_revision,
                 cursor: None,
             });
         }
@@ -259,6 +316,11 @@ impl Store {
         let lessor_tx = tx.clone();
         threads.push(spawn("skerry-lessor", move || {
             run_lessor(&lessor_shared, &lessor_tx)
+        })?);
+        let ticker_shared = shared.clone();
+        let ticker_tx = tx.clone();
+        threads.push(spawn("skerry-checkpoint", move || {
+            run_checkpoint_ticker(&ticker_shared, &ticker_tx)
         })?);
         Ok(Store {
             _guard: Arc::new(StopGuard {
@@ -312,6 +374,17 @@ impl Store {
     /// Durable (fsynced) commits so far: how well writes are being grouped.
     pub fn durable_commits(&self) -> u64 {
         self.shared.durable_commits.load(Ordering::Relaxed)
+    }
+
+    /// Durable redb commits (checkpoints) so far.
+    pub fn checkpoints(&self) -> u64 {
+        self.shared.checkpoints.load(Ordering::Relaxed)
+    }
+
+    /// Commands replayed from the write-ahead log when this store was opened: those the
+    /// last run acknowledged after its last checkpoint.
+    pub fn replayed_at_open(&self) -> usize {
+        self.shared.replayed
     }
 
     pub fn hub(&self) -> &WatchHub {
@@ -740,6 +813,138 @@ fn read_events<T: ReadableTable<(u64, u64), &'static [u8]>>(
     Ok(events)
 }
 
+/// Where applying stands: the last applied command, the last revision, the compaction floor.
+/// The writer's moves while a batch is applied and equals what is published between batches.
+#[derive(Debug, Clone, Copy)]
+struct ApplyCursor {
+    applied_index: u64,
+    rev: i64,
+    floor: i64,
+}
+
+/// What applying a batch of commands produced.
+struct Applied {
+    results: Vec<Result<CommandResult, StoreError>>,
+    events: Vec<Event>,
+    /// The compaction revision a command of the batch moved the floor to.
+    new_compaction: Option<i64>,
+}
+
+/// Applies `commands` in order inside `txn`, numbering them from `applied_index + 1`, and
+/// records the applied index and revision in the same transaction. The one apply path for
+/// live batches and for replay at startup, so replay gives exactly what the first run gave.
+///
+/// Fails only when a command failed after writing (see [`Apply::poisoned`]): the transaction
+/// must then be dropped, and memory (index, lessor) is ahead of disk until a restart.
+fn apply_commands<'c>(
+    mvcc: &Mvcc,
+    txn: &WriteTransaction,
+    cursor: &mut ApplyCursor,
+    commands: impl Iterator<Item = &'c Command>,
+) -> Result<Applied, StoreError> {
+    let mut events = Vec::new();
+    let mut results = Vec::new();
+    let mut new_compaction = None;
+    let mut table = txn.open_table(KV)?;
+    let mut leases = txn.open_table(LEASES)?;
+    let mut meta = txn.open_table(META)?;
+    for command in commands {
+        cursor.applied_index += 1;
+        let mut apply = Apply {
+            mvcc,
+            table: &mut table,
+            leases: &mut leases,
+            meta: &mut meta,
+            rev: &mut cursor.rev,
+            floor: &mut cursor.floor,
+            events: &mut events,
+            poisoned: false,
+        };
+        let result = match &command.command {
+            Some(Cmd::Put(req)) => apply.put(req).map(CommandResult::Put),
+            Some(Cmd::DeleteRange(req)) => apply.delete_range(req).map(CommandResult::DeleteRange),
+            Some(Cmd::Txn(req)) => apply.txn(req).map(CommandResult::Txn),
+            Some(Cmd::LeaseGrant(req)) => {
+                apply
+                    .lease_grant(req.id, req.ttl)
+                    .map(|revision| CommandResult::LeaseGrant {
+                        id: req.id,
+                        ttl: req.ttl,
+                        revision,
+                    })
+            }
+            Some(Cmd::LeaseRevoke(req)) => apply
+                .lease_revoke(req.id)
+                .map(|revision| CommandResult::LeaseRevoke { revision }),
+            Some(Cmd::Compaction(req)) => apply.compact(req.revision).map(|revision| {
+                new_compaction = Some(req.revision);
+                CommandResult::Compact { revision }
+            }),
+            None => Err(StoreError::Storage("empty command".into())),
+        };
+        if apply.poisoned {
+            return Err(result
+                .err()
+                .unwrap_or_else(|| StoreError::Storage("command left partial writes".into())));
+        }
+        results.push(result);
+    }
+    meta.insert(META_APPLIED_INDEX, cursor.applied_index)?;
+    meta.insert(META_REVISION, cursor.rev as u64)?;
+    Ok(Applied {
+        results,
+        events,
+        new_compaction,
+    })
+}
+
+/// Applies the log's records that redb lost in a crash (those after its applied index), in
+/// batches as the writer would, and commits the result durably.
+fn replay(
+    db: &Database,
+    mvcc: &Mvcc,
+    records: Vec<(u64, Bytes)>,
+    cursor: &mut ApplyCursor,
+) -> Result<(), StoreError> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let count = records.len();
+    for chunk in records.chunks(WRITE_BATCH_COMMANDS_MAX) {
+        let mut commands = Vec::with_capacity(chunk.len());
+        for (index, payload) in chunk {
+            if *index != cursor.applied_index + 1 + commands.len() as u64 {
+                return Err(StoreError::DataDir(format!(
+                    "write-ahead log record {index} is out of order"
+                )));
+            }
+            commands.push(Command::decode(payload.as_ref()).map_err(|e| {
+                StoreError::DataDir(format!("write-ahead log record {index} is unreadable: {e}"))
+            })?);
+        }
+        let mut txn = db.begin_write()?;
+        txn.set_durability(Durability::None)
+            .map_err(StoreError::storage)?;
+        apply_commands(mvcc, &txn, cursor, commands.iter())
+            .map_err(|e| StoreError::DataDir(format!("replaying the write-ahead log: {e}")))?;
+        txn.commit()?;
+        mvcc.compact_rev.store(cursor.floor, Ordering::Release);
+        mvcc.current_rev.store(cursor.rev, Ordering::Release);
+    }
+    let txn = db.begin_write()?;
+    {
+        let mut meta = txn.open_table(META)?;
+        meta.insert(META_APPLIED_INDEX, cursor.applied_index)?;
+    }
+    txn.commit()?;
+    info!(
+        commands = count,
+        revision = cursor.rev,
+        "replayed the write-ahead log"
+    );
+    Ok(())
+}
+
 /// Physical compaction in progress.
 struct CompactionJob {
     at: i64,
@@ -750,12 +955,17 @@ struct CompactionJob {
 struct Writer {
     shared: Arc<Shared>,
     rx: mpsc::Receiver<WriterMsg>,
-    /// The last assigned revision (equal to the published one between batches).
-    rev: i64,
-    applied_index: u64,
+    /// Where applying stands (equal to what is published between batches).
+    cursor: ApplyCursor,
     compaction: Option<CompactionJob>,
     /// Callers of a physical compaction, answered when the compaction reaches their revision.
     physical_waiters: Vec<(i64, Reply)>,
+    wal: Wal,
+    /// Commands applied since the last durable redb commit: only the log holds them.
+    unchecked: u64,
+    last_checkpoint: Instant,
+    /// Reused buffer for the encoded commands of a batch.
+    encoded: Vec<u8>,
 }
 
 impl Writer {
@@ -771,12 +981,18 @@ impl Writer {
                         }
                         continue;
                     }
-                    Err(mpsc::error::TryRecvError::Disconnected) => return,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        self.shut_down();
+                        return;
+                    }
                 }
             } else {
                 match self.rx.blocking_recv() {
                     Some(msg) => msg,
-                    None => return,
+                    None => {
+                        self.shut_down();
+                        return;
+                    }
                 }
             };
             let mut commands = Vec::new();
@@ -811,8 +1027,17 @@ impl Writer {
                     WriterMsg::Stats { reply } => {
                         let _ = reply.send(self.in_use_bytes());
                     }
+                    WriterMsg::Checkpoint => {
+                        if self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL
+                            && let Err(e) = self.checkpoint()
+                        {
+                            self.fail(&e);
+                            return;
+                        }
+                    }
                     WriterMsg::Shutdown => {
                         if self.shared.stopping.load(Ordering::Acquire) {
+                            self.shut_down();
                             return;
                         }
                     }
@@ -845,101 +1070,115 @@ impl Writer {
         }
     }
 
-    /// Applies `commands` in one transaction and commits it durably: the group commit.
+    /// A clean stop: one last checkpoint, so the next start has nothing to replay.
+    fn shut_down(&mut self) {
+        info!(
+            commands = self.cursor.applied_index,
+            log_syncs = self.shared.durable_commits.load(Ordering::Relaxed),
+            checkpoints = self.shared.checkpoints.load(Ordering::Relaxed),
+            "store writer stopping"
+        );
+        if let Err(e) = self.checkpoint() {
+            warn!(error = %e, "final checkpoint failed; the log will be replayed at start");
+        }
+    }
+
+    /// Applies `commands` in one redb transaction, makes them durable in the log (one
+    /// `fdatasync` for the whole batch: the group commit), commits redb (durably only at a
+    /// checkpoint), then publishes the batch and answers the callers.
     fn apply_batch(&mut self, commands: Vec<(Command, bool, Reply)>) -> Result<(), StoreError> {
         let db = self.shared.db.read();
         let mut txn = db.begin_write()?;
-        txn.set_durability(Durability::Immediate)
-            .map_err(StoreError::storage)?;
-        let mut events = Vec::new();
-        let mut results = Vec::with_capacity(commands.len());
-        let mut new_compaction = None;
-        {
-            let mut table = txn.open_table(KV)?;
-            let mut leases = txn.open_table(LEASES)?;
-            let mut meta = txn.open_table(META)?;
-            for (command, physical, reply) in commands {
-                self.applied_index += 1;
-                let mut apply = Apply {
-                    mvcc: &self.shared.mvcc,
-                    table: &mut table,
-                    leases: &mut leases,
-                    meta: &mut meta,
-                    rev: &mut self.rev,
-                    events: &mut events,
-                    poisoned: false,
-                };
-                let result = match command.command {
-                    Some(Cmd::Put(req)) => apply.put(&req).map(CommandResult::Put),
-                    Some(Cmd::DeleteRange(req)) => {
-                        apply.delete_range(&req).map(CommandResult::DeleteRange)
-                    }
-                    Some(Cmd::Txn(req)) => apply.txn(&req).map(CommandResult::Txn),
-                    Some(Cmd::LeaseGrant(req)) => {
-                        apply.lease_grant(req.id, req.ttl).map(|revision| {
-                            CommandResult::LeaseGrant {
-                                id: req.id,
-                                ttl: req.ttl,
-                                revision,
-                            }
-                        })
-                    }
-                    Some(Cmd::LeaseRevoke(req)) => apply
-                        .lease_revoke(req.id)
-                        .map(|revision| CommandResult::LeaseRevoke { revision }),
-                    Some(Cmd::Compaction(req)) => {
-                        let floor = new_compaction.unwrap_or(self.shared.mvcc.compact_rev());
-                        apply.compact(req.revision, floor).map(|revision| {
-                            new_compaction = Some(req.revision);
-                            CommandResult::Compact { revision }
-                        })
-                    }
-                    None => Err(StoreError::Storage("empty command".into())),
-                };
-                let poisoned = apply.poisoned;
-                if poisoned {
-                    // Dropping the uncommitted transaction discards the batch on disk; the
-                    // writer then stops (see `fail`), and a restart rebuilds memory from disk.
-                    return Err(result.err().unwrap_or_else(|| {
-                        StoreError::Storage("command left partial writes".into())
-                    }));
-                }
-                if let (true, Ok(CommandResult::Compact { .. }), Some(at)) =
-                    (physical, &result, new_compaction)
-                {
-                    // Answered when physical compaction reaches this revision.
-                    self.physical_waiters.push((at, reply));
-                    results.push((None, result));
-                } else {
-                    results.push((Some(reply), result));
-                }
-            }
-            meta.insert(META_APPLIED_INDEX, self.applied_index)?;
-            meta.insert(META_REVISION, self.rev as u64)?;
+        let first_index = self.cursor.applied_index + 1;
+        let applied = apply_commands(
+            &self.shared.mvcc,
+            &txn,
+            &mut self.cursor,
+            commands.iter().map(|(command, _, _)| command),
+        )?;
+        // The log first: once it is synced the batch survives a crash whatever happens to the
+        // redb commit, which therefore need not be durable itself.
+        self.encoded.clear();
+        let mut ends = Vec::with_capacity(commands.len());
+        for (command, _, _) in &commands {
+            command
+                .encode(&mut self.encoded)
+                .map_err(StoreError::storage)?;
+            ends.push(self.encoded.len());
         }
+        let encoded = &self.encoded;
+        let records = ends.iter().enumerate().map(|(i, end)| {
+            let start = if i == 0 { 0 } else { ends[i - 1] };
+            (first_index + i as u64, &encoded[start..*end])
+        });
+        self.wal.append(records)?;
+        self.shared.durable_commits.fetch_add(1, Ordering::Relaxed);
+        self.unchecked += commands.len() as u64;
+        let checkpoint = self.unchecked >= CHECKPOINT_COMMANDS;
+        txn.set_durability(if checkpoint {
+            Durability::Immediate
+        } else {
+            Durability::None
+        })
+        .map_err(StoreError::storage)?;
         txn.commit()?;
         drop(db);
-        self.shared.durable_commits.fetch_add(1, Ordering::Relaxed);
+        if checkpoint {
+            self.checkpointed()?;
+        }
         // Published only now that the batch is durable: a reader never sees a write that a
         // crash could take back, and a caller is answered only after its write is durable.
         self.shared
             .applied_index
-            .store(self.applied_index, Ordering::Release);
+            .store(self.cursor.applied_index, Ordering::Release);
         self.shared
             .mvcc
             .current_rev
-            .store(self.rev, Ordering::Release);
-        if let Some(at) = new_compaction {
+            .store(self.cursor.rev, Ordering::Release);
+        if let Some(at) = applied.new_compaction {
             self.shared.mvcc.compact_rev.store(at, Ordering::Release);
             self.compaction = Some(CompactionJob { at, cursor: None });
         }
-        self.shared.hub.notify(&events, self.rev);
-        for (reply, result) in results {
-            if let Some(reply) = reply {
+        self.shared.hub.notify(&applied.events, self.cursor.rev);
+        for ((_, physical, reply), result) in commands.into_iter().zip(applied.results) {
+            if let (true, Ok(CommandResult::Compact { .. }), Some(at)) =
+                (physical, &result, applied.new_compaction)
+            {
+                // Answered when physical compaction reaches this revision.
+                self.physical_waiters.push((at, reply));
+            } else {
                 let _ = reply.send(result);
             }
         }
         Ok(())
+    }
+
+    /// Commits redb durably if the log holds commands redb has not made durable.
+    fn checkpoint(&mut self) -> Result<(), StoreError> {
+        if self.unchecked == 0 {
+            self.last_checkpoint = Instant::now();
+            return Ok(());
+        }
+        {
+            let db = self.shared.db.read();
+            let txn = db.begin_write()?;
+            {
+                // Rewriting the applied index gives the durable commit something to write;
+                // it persists every non-durable commit before it.
+                let mut meta = txn.open_table(META)?;
+                meta.insert(META_APPLIED_INDEX, self.cursor.applied_index)?;
+            }
+            txn.commit()?;
+        }
+        self.checkpointed()
+    }
+
+    /// After a durable redb commit: the log before it is no longer needed.
+    fn checkpointed(&mut self) -> Result<(), StoreError> {
+        self.unchecked = 0;
+        self.last_checkpoint = Instant::now();
+        self.shared.checkpoints.fetch_add(1, Ordering::Relaxed);
+        self.wal.release(self.cursor.applied_index)
     }
 
     /// One bounded step of physical compaction: drops the superseded history of the next
@@ -990,7 +1229,8 @@ impl Writer {
                 .partition(|(target, _)| *target <= at);
             self.physical_waiters = waiting;
             for (_, reply) in ready {
-                let _ = reply.send(Ok(CommandResult::Compact { revision: self.rev }));
+                let revision = self.shared.mvcc.current_rev();
+                let _ = reply.send(Ok(CommandResult::Compact { revision }));
             }
         } else if let Some(job) = self.compaction.as_mut() {
             job.cursor = keys.last().cloned();
@@ -999,6 +1239,7 @@ impl Writer {
     }
 
     fn defragment(&mut self) -> Result<(), StoreError> {
+        self.checkpoint()?;
         for attempt in 0..DEFRAGMENT_ATTEMPTS_MAX {
             let mut db = self.shared.db.write();
             match db.compact() {
@@ -1156,6 +1397,20 @@ fn run_lessor(shared: &Shared, writer: &mpsc::Sender<WriterMsg>) {
                 }
                 Err(_) => return,
             }
+        }
+    }
+}
+
+/// Asks the writer for a checkpoint every [`CHECKPOINT_INTERVAL`]; the writer skips it when
+/// a batch made one recently or nothing is pending.
+fn run_checkpoint_ticker(shared: &Shared, writer: &mpsc::Sender<WriterMsg>) {
+    let mut last = Instant::now();
+    while !shared.stopping.load(Ordering::Acquire) {
+        std::thread::sleep(CHECKPOINT_TICK);
+        if last.elapsed() >= CHECKPOINT_INTERVAL {
+            last = Instant::now();
+            // A full queue means the writer is busy and checkpoints by count anyway.
+            let _ = writer.try_send(WriterMsg::Checkpoint);
         }
     }
 }

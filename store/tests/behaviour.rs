@@ -1,6 +1,6 @@
 //! Behaviour tests of the store's mechanisms that a model comparison does not reach: group
-//! commit, slow watchers, progress notifications, lease expiry, batched compaction, restart,
-//! and refusing data dirs that are not ours.
+//! commit, the write-ahead log and its replay, slow watchers, progress notifications, lease
+//! expiry, batched compaction, restart, and refusing data dirs that are not ours.
 
 use std::time::Duration;
 
@@ -87,6 +87,135 @@ async fn concurrent_writes_share_durable_commits() {
         "256 concurrent puts took {commits} fsynced commits: no grouping"
     );
     store.close();
+}
+
+/// Copies a data dir as a crash would leave it: what the running process has written to its
+/// files so far (the page cache), nothing it holds only in memory.
+fn crash_image(from: &std::path::Path, to: &std::path::Path) {
+    for entry in walk(from) {
+        let rel = entry.strip_prefix(from).expect("inside");
+        let target = to.join(rel);
+        if entry.is_dir() {
+            std::fs::create_dir_all(&target).expect("mkdir");
+        } else {
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent).expect("mkdir");
+            }
+            std::fs::copy(&entry, &target).expect("copy");
+        }
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read dir") {
+        let path = entry.expect("entry").path();
+        out.push(path.clone());
+        if path.is_dir() {
+            out.extend(walk(&path));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_after_the_last_checkpoint_come_back_from_the_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open(dir.path());
+    // Fewer writes than a checkpoint takes, so redb holds them only non-durably.
+    let writers: Vec<_> = (0..64)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut last = 0;
+                for i in 0..20 {
+                    last = put(&store, &format!("k{w}-{i}"), &format!("v{i}")).await;
+                }
+                last
+            })
+        })
+        .collect();
+    let mut top = 0;
+    for w in writers {
+        top = top.max(w.await.expect("join"));
+    }
+    assert_eq!(
+        store.checkpoints(),
+        0,
+        "the test needs writes only the log holds"
+    );
+    let image = tempfile::tempdir().expect("tempdir");
+    crash_image(dir.path(), image.path());
+    store.close();
+
+    let recovered = open(image.path());
+    assert_eq!(recovered.replayed_at_open(), 64 * 20);
+    assert_eq!(recovered.revision(), top);
+    let all = recovered
+        .range(&RangeRequest {
+            key: b("k"),
+            range_end: b("l"),
+            ..Default::default()
+        })
+        .expect("range");
+    assert_eq!(all.count, 64 * 20);
+    for kv in &all.kvs {
+        let key = String::from_utf8_lossy(&kv.key);
+        let i = key.rsplit('-').next().expect("suffix");
+        assert_eq!(kv.value, b(&format!("v{i}")), "{key}");
+    }
+    // The replay was made durable: a second crash image needs no replay.
+    let again = tempfile::tempdir().expect("tempdir");
+    crash_image(image.path(), again.path());
+    recovered.close();
+    let reopened = open(again.path());
+    assert_eq!(reopened.replayed_at_open(), 0);
+    assert_eq!(reopened.revision(), top);
+    // And writing continues after the replayed commands.
+    assert_eq!(put(&reopened, "after", "x").await, top + 1);
+    reopened.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_bound_the_log_and_a_clean_stop_leaves_nothing_to_replay() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(StoreConfig {
+        wal_segment_bytes: skerry_store::wal::WAL_SEGMENT_BYTES_MIN,
+        ..StoreConfig::new(dir.path())
+    })
+    .expect("open");
+    let total = skerry_store::store::CHECKPOINT_COMMANDS as usize + 2_000;
+    let writers: Vec<_> = (0..32)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in (w..total).step_by(32) {
+                    put(&store, &format!("k{i:06}"), "value").await;
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.expect("join");
+    }
+    assert!(
+        store.checkpoints() >= 1,
+        "a checkpoint every {} commands",
+        skerry_store::store::CHECKPOINT_COMMANDS
+    );
+    // Segments of 64 KiB hold a few hundred puts: the log rotated many times, and the
+    // segments the checkpoint covered are gone.
+    let segments = std::fs::read_dir(dir.path().join("wal"))
+        .expect("wal dir")
+        .count();
+    let max_after_checkpoint = 2_000 * 150 / (64 << 10) + 3;
+    assert!(segments <= max_after_checkpoint, "{segments} segments left");
+    let revision = store.revision();
+    store.close();
+    let reopened = open(dir.path());
+    assert_eq!(reopened.replayed_at_open(), 0);
+    assert_eq!(reopened.revision(), revision);
+    reopened.close();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

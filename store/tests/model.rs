@@ -35,6 +35,15 @@ use skerry_store::pb::etcdserverpb::{
 };
 use skerry_store::watch::{STREAM_PROGRESS_WATCH_ID, WatchOut};
 use skerry_store::{Store, StoreConfig, StoreError};
+
+/// The store under test, with the smallest write-ahead log segments so that every case's
+/// writes rotate the log across segments.
+fn store_config(dir: &std::path::Path) -> StoreConfig {
+    StoreConfig {
+        wal_segment_bytes: skerry_store::wal::WAL_SEGMENT_BYTES_MIN,
+        ..StoreConfig::new(dir)
+    }
+}
 use tempfile::TempDir;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
@@ -303,7 +312,7 @@ impl Harness {
     fn new() -> Result<Self, String> {
         let dir = tempfile::tempdir().map_err(|e| format!("create temp dir: {e}"))?;
         let store =
-            Store::open(StoreConfig::new(dir.path())).map_err(|e| format!("open store: {e}"))?;
+            Store::open(store_config(dir.path())).map_err(|e| format!("open store: {e}"))?;
         // The model starts wherever the store does (etcd: revision 1, floor 0).
         let model = Model::new(store.revision());
         same(
@@ -512,8 +521,8 @@ impl Harness {
         self.close_watchers().await?;
         let store = self.store.take().expect("a store is open between steps");
         store.close();
-        let store = Store::open(StoreConfig::new(self.dir.path()))
-            .map_err(|e| format!("reopen store: {e}"))?;
+        let store =
+            Store::open(store_config(self.dir.path())).map_err(|e| format!("reopen store: {e}"))?;
         self.store = Some(store);
         self.check_state()?;
         self.check_history()
@@ -823,7 +832,7 @@ fn no_prev_kv_for_an_event_at_the_compaction_revision() {
         .expect("runtime");
     runtime.block_on(async {
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = Store::open(StoreConfig::new(dir.path())).expect("open store");
+        let store = Store::open(store_config(dir.path())).expect("open store");
         let put = |key: String, value: &'static str| {
             store.put(PutRequest {
                 key: key.into(),

@@ -151,7 +151,7 @@ fn parse_workloads(item: &str) -> Result<Vec<Workload>, String> {
     Workload::from_str(item, true).map(|w| vec![w])
 }
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
