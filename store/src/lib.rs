@@ -5,6 +5,7 @@
 //!   reads, leases, snapshots, and the background syncer and lessor. Start here.
 //! - [`mvcc`]: the deterministic state machine: redb tables, rows, and how each command
 //!   (put, delete-range, txn, compaction, lease grant/revoke) changes them.
+//! - [`wal`]: the write-ahead log that makes a batch durable with one `fdatasync`.
 //! - [`index`]: the in-memory key index (etcd's `treeIndex`).
 //! - [`watch`]: the watch hub (synced / unsynced watchers, progress notifications).
 //! - [`lease`]: the lessor.
@@ -13,8 +14,9 @@
 //! - [`pb`]: the generated wire types.
 //!
 //! The store knows nothing of Raft: it applies an ordered stream of [`pb::command::Command`]s
-//! with the applied index stored in the same redb transaction, which is what the Raft layer
-//! will drive.
+//! with the applied index stored in the same redb transaction, and keeps redb durable only at
+//! checkpoints because a log (today its own write-ahead log) holds the rest. That is what the
+//! Raft layer will drive.
 //!
 //! Of the seed's tricks, the store side of two lives here: the compacted-revision floor that
 //! the apiserver's compactor (a CAS on a magic key) moves, and `count` on limited ranges that
