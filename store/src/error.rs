@@ -33,6 +33,12 @@ pub enum StoreError {
     LeaseTtlTooLarge,
     #[error("etcdserver: server stopped")]
     Stopped,
+    /// The cluster has no leader (an election is under way, or this member is cut off).
+    #[error("etcdserver: no leader")]
+    NoLeader,
+    /// A replicated request got no answer in time; it may still be applied later.
+    #[error("etcdserver: request timed out")]
+    Timeout,
     /// The disk said no, or what it holds is not what skerry wrote. Never caused by a client.
     #[error("storage: {0}")]
     Storage(String),

@@ -117,6 +117,18 @@ impl Lessor {
         expired
     }
 
+    /// This member became the one that decides expiry (the Raft leader): every lease gets its
+    /// full TTL from now, as etcd's `Promote` does, so that a client whose keep-alives went to
+    /// the old leader is not expired for the election's gap. Pending revocations are
+    /// forgotten: the new leader decides afresh.
+    pub fn promote(&mut self) {
+        let now = Instant::now();
+        for lease in self.leases.values_mut() {
+            lease.expiry = now + ttl(lease.ttl_seconds);
+            lease.revoking = false;
+        }
+    }
+
     /// A revocation proposal failed: let the expiry loop try again.
     pub fn revoke_failed(&mut self, id: i64) {
         if let Some(lease) = self.leases.get_mut(&id) {

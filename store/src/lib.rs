@@ -28,6 +28,7 @@ pub mod index;
 pub mod lease;
 pub mod mvcc;
 pub mod pb;
+pub mod replication;
 pub mod rev;
 pub mod snapshot;
 pub mod store;

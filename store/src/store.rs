@@ -25,8 +25,8 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -53,6 +53,7 @@ use crate::pb::etcdserverpb::{
     TxnRequest, TxnResponse,
 };
 use crate::pb::mvccpb::{Event, event::EventType};
+use crate::replication::{Committed, Replicator};
 use crate::rev::Rev;
 use crate::wal::{WAL_SEGMENT_BYTES, Wal};
 use crate::watch::WatchHub;
@@ -128,6 +129,13 @@ pub struct StoreConfig {
     pub progress_notify_interval: Duration,
     /// Size write-ahead log segments are preallocated to.
     pub wal_segment_bytes: u64,
+    /// Commands come committed from a replicated log (Raft) through
+    /// [`Store::apply_committed`]; the store keeps no log of its own. See
+    /// [`crate::replication`].
+    pub replicated: bool,
+    /// The cluster and member ids a replicated member is known by; they replace the random
+    /// ones a single store picks for itself.
+    pub identity: Option<(u64, u64)>,
 }
 
 impl StoreConfig {
@@ -136,6 +144,8 @@ impl StoreConfig {
             data_dir: data_dir.into(),
             progress_notify_interval: PROGRESS_NOTIFY_INTERVAL_DEFAULT,
             wal_segment_bytes: WAL_SEGMENT_BYTES,
+            replicated: false,
+            identity: None,
         }
     }
 }
@@ -151,14 +161,25 @@ pub enum CommandResult {
     LeaseRevoke { revision: i64 },
 }
 
-type Reply = oneshot::Sender<Result<CommandResult, StoreError>>;
+use crate::replication::Reply;
+
+/// How long a replicated write or read waits for the cluster: etcd's request timeout
+/// (5 s + 2 × the 1 s election timeout), long enough to ride out one election.
+pub const REPLICATED_REQUEST_TIMEOUT: Duration = Duration::from_secs(7);
+
+/// A command on its way to the writer.
+struct Pending {
+    /// The log index, for commands from a replicated log; a single store numbers its own.
+    index: Option<u64>,
+    /// `None`: a log entry without a command, which only moves the applied index.
+    command: Option<Command>,
+    /// Physical compaction: answer once the rows are gone.
+    physical: bool,
+    reply: Option<Reply>,
+}
 
 enum WriterMsg {
-    Command {
-        command: Command,
-        physical: bool,
-        reply: Reply,
-    },
+    Command(Pending),
     Defragment {
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
@@ -190,6 +211,18 @@ struct Shared {
     checkpoints: std::sync::atomic::AtomicU64,
     /// Commands replayed from the log when the store was opened.
     replayed: usize,
+    /// The replicated log writes go to, when the store is a member of a cluster.
+    replicator: OnceLock<Arc<dyn Replicator>>,
+    replicated: bool,
+    /// This member decides lease expiry (a single store always; a cluster member while it
+    /// is the leader).
+    lease_authority: AtomicBool,
+    raft_term: AtomicU64,
+    /// The published applied index, for readers waiting on a read index.
+    applied_watch: tokio::sync::watch::Sender<u64>,
+    /// The applied index of the last durable redb commit: a replicated log must keep every
+    /// entry after it.
+    durable_applied: AtomicU64,
     /// Set when the writer could not commit: the store refuses further work.
     failed: AtomicBool,
     sync_wakeup: (Mutex<bool>, Condvar),
@@ -243,18 +276,25 @@ impl Store {
     pub fn open(config: StoreConfig) -> Result<Store, StoreError> {
         let db = open_database(&config.data_dir)?;
         let path = config.data_dir.join(DB_FILE_NAME);
-        let loaded = load(&db)?;
+        let loaded = load(&db, config.identity)?;
         let mvcc = Mvcc {
             index: RwLock::new(loaded.index),
             current_rev: loaded.revision.into(),
             compact_rev: loaded.compact_revision.into(),
             lessor: Mutex::new(loaded.lessor),
         };
-        let (wal, records) = Wal::open(
-            &config.data_dir.join(WAL_DIR_NAME),
-            loaded.applied_index,
-            config.wal_segment_bytes,
-        )?;
+        let (wal, records) = if config.replicated {
+            // The replicated log replays what redb lost; a log of our own would be a second
+            // fsync per write.
+            (None, Vec::new())
+        } else {
+            let (wal, records) = Wal::open(
+                &config.data_dir.join(WAL_DIR_NAME),
+                loaded.applied_index,
+                config.wal_segment_bytes,
+            )?;
+            (Some(wal), records)
+        };
         let mut cursor = ApplyCursor {
             applied_index: loaded.applied_index,
             rev: loaded.revision,
@@ -284,6 +324,12 @@ impl Store {
             durable_commits: 0.into(),
             checkpoints: 0.into(),
             replayed,
+            replicator: OnceLock::new(),
+            replicated: config.replicated,
+            lease_authority: AtomicBool::new(!config.replicated),
+            raft_term: AtomicU64::new(if config.replicated { 0 } else { RAFT_TERM }),
+            applied_watch: tokio::sync::watch::Sender::new(applied_index),
+            durable_applied: AtomicU64::new(applied_index),
             failed: AtomicBool::new(false),
             sync_wakeup: (Mutex::new(false), Condvar::new()),
             progress_notify_interval: config.progress_notify_interval,
@@ -367,7 +413,7 @@ impl Store {
             cluster_id: self.shared.cluster_id,
             member_id: self.shared.member_id,
             revision,
-            raft_term: RAFT_TERM,
+            raft_term: self.shared.raft_term.load(Ordering::Relaxed),
         }
     }
 
@@ -561,13 +607,98 @@ impl Store {
         let command = Command {
             command: Some(command),
         };
-        self.send(WriterMsg::Command {
-            command,
+        if self.shared.replicated {
+            let replicator = self.shared.replicator.get().ok_or(StoreError::NoLeader)?;
+            replicator.submit(command, reply);
+            return match tokio::time::timeout(REPLICATED_REQUEST_TIMEOUT, rx).await {
+                Ok(result) => result.map_err(|_| StoreError::Timeout)?,
+                Err(_) => Err(StoreError::Timeout),
+            };
+        }
+        self.send(WriterMsg::Command(Pending {
+            index: None,
+            command: Some(command),
             physical,
-            reply,
-        })
+            reply: Some(reply),
+        }))
         .await?;
         rx.await.map_err(|_| StoreError::Stopped)?
+    }
+
+    /// Connects a replicated store to its log. Once only; later calls are ignored.
+    pub fn set_replicator(&self, replicator: Arc<dyn Replicator>) {
+        let _ = self.shared.replicator.set(replicator);
+    }
+
+    /// Hands committed log entries to the writer, in index order. Blocks while the writer's
+    /// queue is full (back-pressure on the log's apply loop).
+    pub fn apply_committed(&self, entries: Vec<Committed>) -> Result<(), StoreError> {
+        for entry in entries {
+            let msg = WriterMsg::Command(Pending {
+                index: Some(entry.index),
+                command: entry.command,
+                physical: false,
+                reply: entry.reply,
+            });
+            self.writer
+                .blocking_send(msg)
+                .map_err(|_| StoreError::Stopped)?;
+        }
+        Ok(())
+    }
+
+    /// The last applied (and published) log index.
+    pub fn applied_index(&self) -> u64 {
+        self.shared.applied_index.load(Ordering::Acquire)
+    }
+
+    /// The applied index of the last durable redb commit. A replicated log must keep the
+    /// entries after it: they are what a crash would make the store replay.
+    pub fn durable_applied_index(&self) -> u64 {
+        self.shared.durable_applied.load(Ordering::Acquire)
+    }
+
+    /// Waits until the store has applied (and published) `index`.
+    pub async fn wait_applied(&self, index: u64) -> Result<(), StoreError> {
+        let mut rx = self.shared.applied_watch.subscribe();
+        let wait = rx.wait_for(|applied| *applied >= index);
+        match tokio::time::timeout(REPLICATED_REQUEST_TIMEOUT, wait).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(StoreError::Stopped),
+            Err(_) => Err(StoreError::Timeout),
+        }
+    }
+
+    /// Makes the next read linearizable: in a cluster, one ReadIndex round and a wait until
+    /// this member has applied that index (etcd's `linearizableReadNotify`). A single store
+    /// publishes only what it committed, so every read is already linearizable.
+    pub async fn linearizable_barrier(&self) -> Result<(), StoreError> {
+        if !self.shared.replicated {
+            return Ok(());
+        }
+        let replicator = self.shared.replicator.get().ok_or(StoreError::NoLeader)?;
+        let (reply, rx) = oneshot::channel();
+        replicator.read_index(reply);
+        let index = match tokio::time::timeout(REPLICATED_REQUEST_TIMEOUT, rx).await {
+            Ok(result) => result.map_err(|_| StoreError::Timeout)??,
+            Err(_) => return Err(StoreError::Timeout),
+        };
+        self.wait_applied(index).await
+    }
+
+    /// Tells a replicated store whether this member leads, and the term. Only the leader
+    /// proposes lease revocations; on becoming leader every lease gets its full TTL.
+    pub fn set_leadership(&self, leader: bool, term: u64) {
+        self.shared.raft_term.store(term, Ordering::Relaxed);
+        let was = self.shared.lease_authority.swap(leader, Ordering::AcqRel);
+        if leader && !was {
+            self.shared.mvcc.lessor.lock().promote();
+        }
+    }
+
+    /// Whether this member decides lease expiry (see [`Store::set_leadership`]).
+    pub fn is_lease_authority(&self) -> bool {
+        self.shared.lease_authority.load(Ordering::Acquire)
     }
 
     async fn send(&self, msg: WriterMsg) -> Result<(), StoreError> {
@@ -578,7 +709,7 @@ impl Store {
     }
 }
 
-/// The Raft term reported until the Raft issue: one member, one term.
+/// The Raft term a single store reports: one member, one term.
 const RAFT_TERM: u64 = 1;
 
 fn header_revision(header: &Option<ResponseHeader>) -> i64 {
@@ -659,7 +790,7 @@ struct Loaded {
 
 /// Creates the tables of a new store, or checks and loads an existing one: rebuilds the index
 /// from the rows and the lessor from the lease table.
-fn load(db: &Database) -> Result<Loaded, StoreError> {
+fn load(db: &Database, identity: Option<(u64, u64)>) -> Result<Loaded, StoreError> {
     let txn = db.begin_write()?;
     {
         let mut meta = txn.open_table(META)?;
@@ -675,10 +806,27 @@ fn load(db: &Database) -> Result<Loaded, StoreError> {
                 // etcd's store starts at revision 1, so the first write is revision 2 and no
                 // object ever has resourceVersion "0" (which Kubernetes reads as "any").
                 meta.insert(META_REVISION, 1)?;
-                meta.insert(META_CLUSTER_ID, rand::random::<u64>() >> 1)?;
-                meta.insert(META_MEMBER_ID, rand::random::<u64>() >> 1)?;
+                let (cluster, member) =
+                    identity.unwrap_or((rand::random::<u64>() >> 1, rand::random::<u64>() >> 1));
+                meta.insert(META_CLUSTER_ID, cluster)?;
+                meta.insert(META_MEMBER_ID, member)?;
             }
-            Some(mvcc::FORMAT_VERSION) => {}
+            Some(mvcc::FORMAT_VERSION) => {
+                if let Some((cluster, member)) = identity {
+                    let stored = (
+                        meta.get(META_CLUSTER_ID)?.map(|g| g.value()),
+                        meta.get(META_MEMBER_ID)?.map(|g| g.value()),
+                    );
+                    if stored != (Some(cluster), Some(member)) {
+                        return Err(StoreError::DataDir(format!(
+                            "store belongs to member {:x} of cluster {:x}, not member {member:x} \
+                             of cluster {cluster:x}",
+                            stored.1.unwrap_or(0),
+                            stored.0.unwrap_or(0)
+                        )));
+                    }
+                }
+            }
             Some(other) => {
                 return Err(StoreError::DataDir(format!(
                     "store format {other} is not the format {} this skerry reads",
@@ -840,7 +988,7 @@ fn apply_commands<'c>(
     mvcc: &Mvcc,
     txn: &WriteTransaction,
     cursor: &mut ApplyCursor,
-    commands: impl Iterator<Item = &'c Command>,
+    commands: impl Iterator<Item = Option<&'c Command>>,
 ) -> Result<Applied, StoreError> {
     let mut events = Vec::new();
     let mut results = Vec::new();
@@ -859,6 +1007,13 @@ fn apply_commands<'c>(
             floor: &mut cursor.floor,
             events: &mut events,
             poisoned: false,
+        };
+        let Some(command) = command else {
+            // A log entry without a command: it only takes an index.
+            results.push(Err(StoreError::Storage(
+                "log entry without a command".into(),
+            )));
+            continue;
         };
         let result = match &command.command {
             Some(Cmd::Put(req)) => apply.put(req).map(CommandResult::Put),
@@ -925,7 +1080,7 @@ fn replay(
         let mut txn = db.begin_write()?;
         txn.set_durability(Durability::None)
             .map_err(StoreError::storage)?;
-        apply_commands(mvcc, &txn, cursor, commands.iter())
+        apply_commands(mvcc, &txn, cursor, commands.iter().map(Some))
             .map_err(|e| StoreError::DataDir(format!("replaying the write-ahead log: {e}")))?;
         txn.commit()?;
         mvcc.compact_rev.store(cursor.floor, Ordering::Release);
@@ -960,7 +1115,8 @@ struct Writer {
     compaction: Option<CompactionJob>,
     /// Callers of a physical compaction, answered when the compaction reaches their revision.
     physical_waiters: Vec<(i64, Reply)>,
-    wal: Wal,
+    /// This store's own log; `None` when a replicated log feeds it.
+    wal: Option<Wal>,
     /// Commands applied since the last durable redb commit: only the log holds them.
     unchecked: u64,
     last_checkpoint: Instant,
@@ -1000,13 +1156,7 @@ impl Writer {
             let mut next = Some(first);
             while let Some(msg) = next.take() {
                 match msg {
-                    WriterMsg::Command {
-                        command,
-                        physical,
-                        reply,
-                    } => {
-                        commands.push((command, physical, reply));
-                    }
+                    WriterMsg::Command(pending) => commands.push(pending),
                     other => others.push(other),
                 }
                 if commands.len() < WRITE_BATCH_COMMANDS_MAX {
@@ -1041,7 +1191,7 @@ impl Writer {
                             return;
                         }
                     }
-                    WriterMsg::Command { .. } => {}
+                    WriterMsg::Command(_) => {}
                 }
             }
             // A compaction step after every batch keeps compaction moving under steady load.
@@ -1061,7 +1211,10 @@ impl Writer {
         self.shared.failed.store(true, Ordering::Release);
         self.rx.close();
         while let Ok(msg) = self.rx.try_recv() {
-            if let WriterMsg::Command { reply, .. } = msg {
+            if let WriterMsg::Command(Pending {
+                reply: Some(reply), ..
+            }) = msg
+            {
                 let _ = reply.send(Err(e.clone()));
             }
         }
@@ -1086,33 +1239,54 @@ impl Writer {
     /// Applies `commands` in one redb transaction, makes them durable in the log (one
     /// `fdatasync` for the whole batch: the group commit), commits redb (durably only at a
     /// checkpoint), then publishes the batch and answers the callers.
-    fn apply_batch(&mut self, commands: Vec<(Command, bool, Reply)>) -> Result<(), StoreError> {
+    fn apply_batch(&mut self, mut commands: Vec<Pending>) -> Result<(), StoreError> {
+        // Entries of a replicated log that this store applied before a restart come again;
+        // applying is idempotent by index, so they are skipped.
+        commands.retain(|p| p.index.is_none_or(|i| i > self.cursor.applied_index));
+        let Some(first) = commands.first() else {
+            return Ok(());
+        };
+        let first_index = self.cursor.applied_index + 1;
+        for (offset, pending) in commands.iter().enumerate() {
+            if let Some(index) = pending.index
+                && index != first_index + offset as u64
+            {
+                return Err(StoreError::Storage(format!(
+                    "log entry {index} arrived where entry {} was due",
+                    first_index + offset as u64
+                )));
+            }
+        }
+        let _ = first;
         let db = self.shared.db.read();
         let mut txn = db.begin_write()?;
-        let first_index = self.cursor.applied_index + 1;
         let applied = apply_commands(
             &self.shared.mvcc,
             &txn,
             &mut self.cursor,
-            commands.iter().map(|(command, _, _)| command),
+            commands.iter().map(|p| p.command.as_ref()),
         )?;
-        // The log first: once it is synced the batch survives a crash whatever happens to the
-        // redb commit, which therefore need not be durable itself.
-        self.encoded.clear();
-        let mut ends = Vec::with_capacity(commands.len());
-        for (command, _, _) in &commands {
-            command
-                .encode(&mut self.encoded)
-                .map_err(StoreError::storage)?;
-            ends.push(self.encoded.len());
+        if let Some(wal) = self.wal.as_mut() {
+            // The log first: once it is synced the batch survives a crash whatever happens to
+            // the redb commit, which therefore need not be durable itself.
+            self.encoded.clear();
+            let mut ends = Vec::with_capacity(commands.len());
+            for pending in &commands {
+                if let Some(command) = &pending.command {
+                    command
+                        .encode(&mut self.encoded)
+                        .map_err(StoreError::storage)?;
+                }
+                ends.push(self.encoded.len());
+            }
+            let encoded = &self.encoded;
+            let records = ends.iter().enumerate().map(|(i, end)| {
+                let start = if i == 0 { 0 } else { ends[i - 1] };
+                (first_index + i as u64, &encoded[start..*end])
+            });
+            wal.append(records)?;
+            self.shared.durable_commits.fetch_add(1, Ordering::Relaxed);
         }
-        let encoded = &self.encoded;
-        let records = ends.iter().enumerate().map(|(i, end)| {
-            let start = if i == 0 { 0 } else { ends[i - 1] };
-            (first_index + i as u64, &encoded[start..*end])
-        });
-        self.wal.append(records)?;
-        self.shared.durable_commits.fetch_add(1, Ordering::Relaxed);
         self.unchecked += commands.len() as u64;
         let checkpoint = self.unchecked >= CHECKPOINT_COMMANDS;
         txn.set_durability(if checkpoint {
@@ -1126,8 +1300,9 @@ impl Writer {
         if checkpoint {
             self.checkpointed()?;
         }
-        // Published only now that the batch is durable: a reader never sees a write that a
-        // crash could take back, and a caller is answered only after its write is durable.
+        // Published only now that the batch is durable (in this store's log, or committed in
+        // the replicated one): a reader never sees a write that a crash could take back, and
+        // a caller is answered only after its write is durable.
         self.shared
             .applied_index
             .store(self.cursor.applied_index, Ordering::Release);
@@ -1140,9 +1315,15 @@ impl Writer {
             self.compaction = Some(CompactionJob { at, cursor: None });
         }
         self.shared.hub.notify(&applied.events, self.cursor.rev);
-        for ((_, physical, reply), result) in commands.into_iter().zip(applied.results) {
+        self.shared
+            .applied_watch
+            .send_replace(self.cursor.applied_index);
+        for (pending, result) in commands.into_iter().zip(applied.results) {
+            let Some(reply) = pending.reply else {
+                continue;
+            };
             if let (true, Ok(CommandResult::Compact { .. }), Some(at)) =
-                (physical, &result, applied.new_compaction)
+                (pending.physical, &result, applied.new_compaction)
             {
                 // Answered when physical compaction reaches this revision.
                 self.physical_waiters.push((at, reply));
@@ -1178,7 +1359,13 @@ impl Writer {
         self.unchecked = 0;
         self.last_checkpoint = Instant::now();
         self.shared.checkpoints.fetch_add(1, Ordering::Relaxed);
-        self.wal.release(self.cursor.applied_index)
+        self.shared
+            .durable_applied
+            .store(self.cursor.applied_index, Ordering::Release);
+        match self.wal.as_mut() {
+            Some(wal) => wal.release(self.cursor.applied_index),
+            None => Ok(()),
+        }
     }
 
     /// One bounded step of physical compaction: drops the superseded history of the next
@@ -1364,6 +1551,10 @@ fn sync_round(shared: &Shared) -> Result<(), StoreError> {
 fn run_lessor(shared: &Shared, writer: &mpsc::Sender<WriterMsg>) {
     while !shared.stopping.load(Ordering::Acquire) {
         std::thread::sleep(LEASE_EXPIRY_CHECK_INTERVAL);
+        if !shared.lease_authority.load(Ordering::Acquire) {
+            // Followers keep deadlines (so a new leader can promote them) but never revoke.
+            continue;
+        }
         let expired = shared
             .mvcc
             .lessor
@@ -1376,26 +1567,53 @@ fn run_lessor(shared: &Shared, writer: &mpsc::Sender<WriterMsg>) {
             let command = Command {
                 command: Some(Cmd::LeaseRevoke(LeaseRevokeRequest { id })),
             };
-            if writer
-                .blocking_send(WriterMsg::Command {
-                    command,
+            if shared.replicated {
+                match shared.replicator.get() {
+                    Some(replicator) => replicator.submit(command, reply),
+                    None => {
+                        shared.mvcc.lessor.lock().revoke_failed(id);
+                        continue;
+                    }
+                }
+            } else if writer
+                .blocking_send(WriterMsg::Command(Pending {
+                    index: None,
+                    command: Some(command),
                     physical: false,
-                    reply,
-                })
+                    reply: Some(reply),
+                }))
                 .is_err()
             {
                 return;
             }
             pending.push((id, rx));
         }
-        for (id, rx) in pending {
-            match rx.blocking_recv() {
-                Ok(Ok(_)) | Ok(Err(StoreError::LeaseNotFound)) => {}
-                Ok(Err(e)) => {
+        let deadline = Instant::now() + REPLICATED_REQUEST_TIMEOUT;
+        for (id, mut rx) in pending {
+            // Polled against a deadline: a replicated revocation lost in a leader change is
+            // never answered.
+            let answer = loop {
+                match rx.try_recv() {
+                    Ok(answer) => break Some(answer),
+                    Err(oneshot::error::TryRecvError::Empty) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(oneshot::error::TryRecvError::Empty) => break None,
+                    Err(oneshot::error::TryRecvError::Closed) => {
+                        if shared.replicated {
+                            break None;
+                        }
+                        return;
+                    }
+                }
+            };
+            match answer {
+                Some(Ok(_)) | Some(Err(StoreError::LeaseNotFound)) => {}
+                Some(Err(e)) => {
                     warn!(lease = id, error = %e, "revoking expired lease failed");
                     shared.mvcc.lessor.lock().revoke_failed(id);
                 }
-                Err(_) => return,
+                None => shared.mvcc.lessor.lock().revoke_failed(id),
             }
         }
     }

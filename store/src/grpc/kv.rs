@@ -14,7 +14,12 @@ impl Kv for EtcdApi {
         &self,
         request: Request<RangeRequest>,
     ) -> Result<Response<RangeResponse>, Status> {
-        // One member: every read is linearizable, since a write is readable once acknowledged.
+        // A serializable read is served from this member's store as it stands; any other
+        // waits for a ReadIndex round first (a no-op on a single store, where a write is
+        // readable once acknowledged).
+        if !request.get_ref().serializable {
+            self.store.linearizable_barrier().await.map_err(status)?;
+        }
         self.store
             .range(request.get_ref())
             .map(Response::new)

@@ -1,0 +1,41 @@
+//! The seam between the store and a replicated log (the Raft layer in `skerry-raft`).
+//!
+//! A store opened with [`crate::StoreConfig::replicated`] keeps no log of its own: writes are
+//! handed to a [`Replicator`], which orders them in its log and, once they are committed,
+//! feeds them back with their log index through [`crate::Store::apply_committed`]. The store
+//! applies them in index order (skipping indexes it has already applied, so replay after a
+//! restart is harmless), commits redb without an fsync (the log is durable) and answers the
+//! waiting caller. Linearizable reads ask the replicator for a read index and wait until the
+//! store has applied it.
+
+use tokio::sync::oneshot;
+
+use crate::error::StoreError;
+use crate::pb::command::Command;
+use crate::store::CommandResult;
+
+/// Where a command's result goes once it is applied on this member.
+pub type Reply = oneshot::Sender<Result<CommandResult, StoreError>>;
+
+/// What a replicated log offers the store.
+pub trait Replicator: Send + Sync + 'static {
+    /// Submits `command` to the log. `reply` gets the result when this member applies the
+    /// entry, or an error ([`StoreError::NoLeader`], [`StoreError::Stopped`]) if it cannot be
+    /// proposed. A command whose entry is lost in a leader change gets no reply: the store's
+    /// caller times out, as etcd's does.
+    fn submit(&self, command: Command, reply: Reply);
+
+    /// Starts a ReadIndex round; `reply` gets the log index a linearizable read must wait for.
+    fn read_index(&self, reply: oneshot::Sender<Result<u64, StoreError>>);
+}
+
+/// One committed log entry for [`crate::Store::apply_committed`].
+pub struct Committed {
+    /// The entry's log index; consecutive across calls.
+    pub index: u64,
+    /// The command, or `None` for an entry that carries none (a new leader's empty entry, a
+    /// membership change): it only moves the applied index.
+    pub command: Option<Command>,
+    /// The caller waiting on this member, if it proposed the entry.
+    pub reply: Option<Reply>,
+}
