@@ -1,1 +1,26 @@
-//! placeholder
+//! skerry's replicated log: raft-rs (tikv/raft-rs) driven over the store, so that three
+//! boxes keep every acknowledged write through the loss of any one.
+//!
+//! # Layout
+//! - [`config`]: the cluster description from etcd's flags (`--initial-cluster`, ...), its
+//!   validation, and the member and cluster ids derived from it.
+//! - [`log`]: the Raft log, hard state and conf state, durable in redb.
+//! - [`transport`]: TCP between members: framed, batched, reconnecting.
+//! - [`node`]: the thread that owns the `RawNode` and handles each `Ready`; the
+//!   [`node::RaftHandle`] the store submits writes and ReadIndex rounds through.
+//!
+//! The store (`skerry-store`) knows nothing of Raft: opened replicated, it applies committed
+//! entries by index (see `skerry_store::replication`). Of the seed's tricks, leader election
+//! that does not trust clocks lives here: pre-vote and check-quorum on, ReadIndex (not
+//! lease-based reads) for linearizable reads.
+
+pub mod config;
+pub mod error;
+pub mod log;
+mod logger;
+pub mod node;
+pub mod transport;
+
+pub use config::{ClusterConfig, ClusterState};
+pub use error::RaftError;
+pub use node::{RaftHandle, RaftNode};

@@ -27,6 +27,19 @@ pub trait Replicator: Send + Sync + 'static {
 
     /// Starts a ReadIndex round; `reply` gets the log index a linearizable read must wait for.
     fn read_index(&self, reply: oneshot::Sender<Result<u64, StoreError>>);
+
+    /// The log's state as this member sees it, for `Maintenance.Status`.
+    fn status(&self) -> ReplicaStatus;
+}
+
+/// The log's state as one member sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplicaStatus {
+    /// The leader's member id; 0 when there is none.
+    pub leader: u64,
+    pub term: u64,
+    /// The highest log index known committed.
+    pub commit_index: u64,
 }
 
 /// One committed log entry for [`crate::Store::apply_committed`].

@@ -696,6 +696,19 @@ impl Store {
         }
     }
 
+    /// The log's state: from the replicated log, or this single store's own (it leads itself,
+    /// and its log index is its applied index).
+    pub fn replica_status(&self) -> crate::replication::ReplicaStatus {
+        match self.shared.replicator.get() {
+            Some(replicator) => replicator.status(),
+            None => crate::replication::ReplicaStatus {
+                leader: self.shared.member_id,
+                term: RAFT_TERM,
+                commit_index: self.applied_index(),
+            },
+        }
+    }
+
     /// Whether this member decides lease expiry (see [`Store::set_leadership`]).
     pub fn is_lease_authority(&self) -> bool {
         self.shared.lease_authority.load(Ordering::Acquire)

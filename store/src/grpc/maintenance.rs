@@ -57,13 +57,14 @@ impl Maintenance for EtcdApi {
         _request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
         let s = self.store.status().await.map_err(status)?;
+        let replica = self.store.replica_status();
         Ok(Response::new(StatusResponse {
             header: Some(self.store.header(s.revision)),
             version: ETCD_VERSION_REPORTED.into(),
             db_size: i64::try_from(s.db_size).unwrap_or(i64::MAX),
-            leader: self.store.member_id(),
-            raft_index: s.applied_index,
-            raft_term: self.store.header(0).raft_term,
+            leader: replica.leader,
+            raft_index: replica.commit_index,
+            raft_term: replica.term,
             raft_applied_index: s.applied_index,
             errors: Vec::new(),
             db_size_in_use: i64::try_from(s.db_size_in_use).unwrap_or(i64::MAX),
@@ -181,13 +182,22 @@ impl Maintenance for EtcdApi {
 
 impl EtcdApi {
     fn members(&self) -> Vec<Member> {
-        vec![Member {
+        let mut members = vec![Member {
             id: self.store.member_id(),
             name: self.member.name.clone(),
             peer_urls: self.member.peer_urls.clone(),
             client_urls: self.member.client_urls.clone(),
             is_learner: false,
-        }]
+        }];
+        members.extend(self.peers.iter().map(|(id, peer)| Member {
+            id: *id,
+            name: peer.name.clone(),
+            peer_urls: peer.peer_urls.clone(),
+            client_urls: peer.client_urls.clone(),
+            is_learner: false,
+        }));
+        members.sort_by_key(|m| m.id);
+        members
     }
 }
 

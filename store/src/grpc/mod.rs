@@ -39,6 +39,9 @@ pub struct MemberInfo {
 pub struct EtcdApi {
     store: Store,
     member: Arc<MemberInfo>,
+    /// The other members of the cluster, by id (empty for a single store). Their client URLs
+    /// are not known here yet (etcd publishes them through the log).
+    peers: Arc<Vec<(u64, MemberInfo)>>,
 }
 
 impl EtcdApi {
@@ -46,7 +49,14 @@ impl EtcdApi {
         Self {
             store,
             member: Arc::new(member),
+            peers: Arc::new(Vec::new()),
         }
+    }
+
+    /// The other members, for `MemberList`.
+    pub fn with_peers(mut self, peers: Vec<(u64, MemberInfo)>) -> Self {
+        self.peers = Arc::new(peers);
+        self
     }
 }
 

@@ -1,0 +1,266 @@
+//! Peer transport: one TCP connection per ordered pair of members, length-prefixed frames of
+//! raft `Message`s, batched per write, reconnected with capped backoff.
+//!
+//! Each member dials every peer once and sends only on its own connection; it receives on the
+//! connections its peers dialled. A connection opens with a hello naming the cluster, the
+//! sender and the receiver; a connection for another cluster or another member is closed.
+//! Frames are bounded ([`FRAME_BYTES_MAX`]); a peer that sends more is cut off. Raft tolerates
+//! lost messages, so a full queue or a broken connection drops messages rather than blocking
+//! the Raft loop; raft-rs is told the peer is unreachable and probes again.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use protobuf::Message as _;
+use raft::eraftpb::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::error::RaftError;
+
+/// Messages queued for one peer. At 10 heartbeats a second plus appends this is seconds of
+/// traffic; beyond it the peer is not keeping up and raft-rs is better told so.
+pub const PEER_QUEUE_MAX: usize = 4_096;
+/// Largest frame accepted: raft-rs caps an append at `max_size_per_msg` (1 MiB here), and a
+/// request is at most 1.5 MiB; anything near this is not a skerry peer.
+pub const FRAME_BYTES_MAX: usize = 64 << 20;
+/// Bytes gathered into one write before it is flushed: many small messages (heartbeats,
+/// appends to several followers) share a syscall.
+pub const WRITE_BATCH_BYTES: usize = 256 << 10;
+/// First and longest pause between reconnection attempts. The cap stays well under the
+/// election timeout so a peer that comes back is heard from before it is voted out.
+pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
+pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// Bound on a TCP connect to a peer.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+const HELLO_MAGIC: &[u8; 8] = b"skryraf1";
+const HELLO_BYTES: usize = 32;
+
+/// Where received messages go; returns false when the node is gone.
+pub type Inbound = std::sync::Arc<dyn Fn(Message) -> bool + Send + Sync>;
+
+/// The sending side, cheap to share with the Raft loop.
+#[derive(Clone)]
+pub struct Transport {
+    peers: HashMap<u64, mpsc::Sender<Message>>,
+    /// The listener and sender tasks, stopped by [`Transport::shutdown`].
+    tasks: std::sync::Arc<Vec<tokio::task::AbortHandle>>,
+}
+
+/// How long a (re)starting member retries its peer port while the previous incarnation's
+/// listener is still being torn down.
+const BIND_RETRY_FOR: Duration = Duration::from_secs(2);
+
+impl Transport {
+    /// Binds the peer listener and starts one sender task per peer on the current runtime.
+    pub async fn start(
+        cluster_id: u64,
+        self_id: u64,
+        listen: SocketAddr,
+        peers: Vec<(u64, SocketAddr)>,
+        inbound: Inbound,
+    ) -> Result<Transport, RaftError> {
+        let deadline = std::time::Instant::now() + BIND_RETRY_FOR;
+        let listener = loop {
+            match TcpListener::bind(listen).await {
+                Ok(listener) => break listener,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(RECONNECT_BACKOFF_MIN).await;
+                }
+                Err(e) => {
+                    return Err(RaftError::Config(format!(
+                        "--listen-peer-urls: cannot listen on {listen}: {e}"
+                    )));
+                }
+            }
+        };
+        info!(%listen, "listening for peers");
+        let mut tasks =
+            vec![tokio::spawn(accept_loop(listener, cluster_id, self_id, inbound)).abort_handle()];
+        let mut senders = HashMap::new();
+        for (id, addr) in peers {
+            let (tx, rx) = mpsc::channel(PEER_QUEUE_MAX);
+            tasks.push(tokio::spawn(send_loop(cluster_id, self_id, id, addr, rx)).abort_handle());
+            senders.insert(id, tx);
+        }
+        Ok(Transport {
+            peers: senders,
+            tasks: std::sync::Arc::new(tasks),
+        })
+    }
+
+    /// Stops listening and sending; connections close.
+    pub fn shutdown(&self) {
+        for task in self.tasks.iter() {
+            task.abort();
+        }
+    }
+
+    /// Queues messages for their peers without blocking. Returns the peers a message could
+    /// not be queued for (unknown, or their queue is full).
+    pub fn send(&self, messages: Vec<Message>) -> Vec<u64> {
+        let mut unreachable = Vec::new();
+        for m in messages {
+            let to = m.to;
+            match self.peers.get(&to) {
+                Some(tx) if tx.try_send(m).is_ok() => {}
+                _ => {
+                    if !unreachable.contains(&to) {
+                        unreachable.push(to);
+                    }
+                }
+            }
+        }
+        unreachable
+    }
+}
+
+fn hello(cluster_id: u64, from: u64, to: u64) -> [u8; HELLO_BYTES] {
+    let mut out = [0u8; HELLO_BYTES];
+    out[..8].copy_from_slice(HELLO_MAGIC);
+    out[8..16].copy_from_slice(&cluster_id.to_le_bytes());
+    out[16..24].copy_from_slice(&from.to_le_bytes());
+    out[24..32].copy_from_slice(&to.to_le_bytes());
+    out
+}
+
+async fn send_loop(
+    cluster_id: u64,
+    self_id: u64,
+    peer: u64,
+    addr: SocketAddr,
+    mut rx: mpsc::Receiver<Message>,
+) {
+    let mut backoff = RECONNECT_BACKOFF_MIN;
+    let mut buf = BytesMut::new();
+    'connect: loop {
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                debug!(peer = format_args!("{peer:x}"), %addr, error = %e, "peer connect failed");
+                if rx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
+                // Messages queued while the peer was away are stale; raft-rs resends.
+                while rx.try_recv().is_ok() {}
+                continue;
+            }
+            Err(_) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
+                while rx.try_recv().is_ok() {}
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let mut stream = stream;
+        if stream
+            .write_all(&hello(cluster_id, self_id, peer))
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        backoff = RECONNECT_BACKOFF_MIN;
+        debug!(peer = format_args!("{peer:x}"), %addr, "connected to peer");
+        loop {
+            let Some(first) = rx.recv().await else {
+                return;
+            };
+            buf.clear();
+            let mut next = Some(first);
+            while let Some(m) = next.take() {
+                match m.write_to_bytes() {
+                    Ok(bytes) => {
+                        buf.put_u32_le(bytes.len() as u32);
+                        buf.put_slice(&bytes);
+                    }
+                    Err(e) => warn!(error = %e, "cannot encode raft message"),
+                }
+                if buf.len() < WRITE_BATCH_BYTES {
+                    next = rx.try_recv().ok();
+                }
+            }
+            if let Err(e) = stream.write_all(&buf).await {
+                debug!(peer = format_args!("{peer:x}"), error = %e, "peer connection lost");
+                continue 'connect;
+            }
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, cluster_id: u64, self_id: u64, inbound: Inbound) {
+    // Owned here so that stopping this task stops every connection it accepted.
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let (stream, remote) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                warn!(error = %e, "peer accept failed");
+                tokio::time::sleep(RECONNECT_BACKOFF_MIN).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let inbound = inbound.clone();
+        connections.spawn(async move {
+            if let Err(why) = receive(stream, cluster_id, self_id, inbound).await {
+                debug!(%remote, why, "peer connection closed");
+            }
+        });
+    }
+}
+
+async fn receive(
+    mut stream: TcpStream,
+    cluster_id: u64,
+    self_id: u64,
+    inbound: Inbound,
+) -> Result<(), String> {
+    let mut hello_buf = [0u8; HELLO_BYTES];
+    stream
+        .read_exact(&mut hello_buf)
+        .await
+        .map_err(|e| e.to_string())?;
+    let expect_from_any = hello(cluster_id, 0, self_id);
+    if hello_buf[..16] != expect_from_any[..16] || hello_buf[24..] != expect_from_any[24..] {
+        warn!("refused a peer connection for another cluster or member");
+        return Err("hello mismatch".into());
+    }
+    let mut len_buf = [0u8; 4];
+    let mut frame = Vec::new();
+    loop {
+        stream
+            .read_exact(&mut len_buf)
+            .await
+            .map_err(|e| e.to_string())?;
+        let len = u32::from_le_bytes(len_buf) as usize;
+        if len > FRAME_BYTES_MAX {
+            warn!(len, "peer sent an oversized frame; closing");
+            return Err("oversized frame".into());
+        }
+        frame.resize(len, 0);
+        stream
+            .read_exact(&mut frame)
+            .await
+            .map_err(|e| e.to_string())?;
+        let message = Message::parse_from_bytes(&frame).map_err(|e| e.to_string())?;
+        if message.to != self_id {
+            return Err("message for another member".into());
+        }
+        if !inbound(message) {
+            return Ok(());
+        }
+    }
+}

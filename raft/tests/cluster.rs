@@ -1,0 +1,269 @@
+//! A three-member cluster in one test process, on loopback: writes on any member reach all,
+//! linearizable reads see them, the leader's loss elects another and writes resume, and a
+//! member that was down catches up from the log when it comes back.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use skerry_raft::{ClusterConfig, ClusterState, RaftNode};
+use skerry_store::pb::etcdserverpb::{PutRequest, RangeRequest};
+use skerry_store::replication::Replicator;
+use skerry_store::{Store, StoreConfig, StoreError};
+
+/// Bound on every wait, so a bug fails the test instead of hanging it.
+const WAIT: Duration = Duration::from_secs(20);
+/// Short timeouts keep the test quick: elections take ~0.5 s instead of ~1 s.
+const HEARTBEAT: Duration = Duration::from_millis(50);
+const ELECTION: Duration = Duration::from_millis(500);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+struct Member {
+    config: ClusterConfig,
+    dir: PathBuf,
+    store: Option<Store>,
+    node: Option<RaftNode>,
+}
+
+impl Member {
+    async fn start(&mut self) {
+        let store = Store::open(StoreConfig {
+            replicated: true,
+            identity: Some((self.config.cluster_id, self.config.id)),
+            ..StoreConfig::new(self.dir.join("store"))
+        })
+        .expect("open store");
+        let node = RaftNode::start(&self.config, &self.dir.join("raft"), store.clone())
+            .await
+            .expect("start raft");
+        self.store = Some(store);
+        self.node = Some(node);
+    }
+
+    fn stop(&mut self) {
+        if let Some(node) = self.node.take() {
+            node.stop();
+        }
+        if let Some(store) = self.store.take() {
+            store.close();
+        }
+    }
+
+    fn store(&self) -> &Store {
+        self.store.as_ref().expect("running")
+    }
+
+    fn leader(&self) -> u64 {
+        self.node.as_ref().map_or(0, |n| n.handle().status().leader)
+    }
+}
+
+fn cluster(root: &Path) -> Vec<Member> {
+    let names = ["n1", "n2", "n3"];
+    let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
+    let initial = names
+        .iter()
+        .zip(&ports)
+        .map(|(n, p)| format!("{n}=http://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    names
+        .iter()
+        .zip(&ports)
+        .map(|(name, port)| Member {
+            config: ClusterConfig::new(
+                name,
+                &initial,
+                "test-cluster",
+                ClusterState::New,
+                &format!("http://127.0.0.1:{port}"),
+                HEARTBEAT,
+                ELECTION,
+            )
+            .expect("config"),
+            dir: root.join(name),
+            store: None,
+            node: None,
+        })
+        .collect()
+}
+
+/// Waits until every running member agrees on a leader other than `not`.
+async fn wait_for_leader(members: &[Member], not: u64) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let seen: Vec<u64> = members
+            .iter()
+            .filter(|m| m.node.is_some())
+            .map(Member::leader)
+            .collect();
+        if let Some(&leader) = seen.first()
+            && leader != 0
+            && leader != not
+            && seen.iter().all(|l| *l == leader)
+        {
+            return leader;
+        }
+        assert!(Instant::now() < deadline, "no agreed leader: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn put(store: &Store, key: &str, value: &str) -> Result<i64, StoreError> {
+    let resp = store
+        .put(PutRequest {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: Bytes::copy_from_slice(value.as_bytes()),
+            ..Default::default()
+        })
+        .await?;
+    Ok(resp.header.map_or(0, |h| h.revision))
+}
+
+/// Retries a put through elections (a write can meet "no leader" or a timeout meanwhile).
+async fn put_eventually(store: &Store, key: &str, value: &str) -> i64 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match put(store, key, value).await {
+            Ok(rev) => return rev,
+            Err(e) => assert!(Instant::now() < deadline, "put {key} kept failing: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn linearizable_get(store: &Store, key: &str) -> Result<Option<Bytes>, StoreError> {
+    store.linearizable_barrier().await?;
+    let resp = store.range(&RangeRequest {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        ..Default::default()
+    })?;
+    Ok(resp.kvs.first().map(|kv| kv.value.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_replicate_fail_over_and_catch_up() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut members = cluster(root.path());
+    for m in &mut members {
+        m.start().await;
+    }
+    let leader = wait_for_leader(&members, 0).await;
+
+    // Writes through every member, leader and followers alike, in one order of revisions.
+    let mut last = 0;
+    for (i, m) in members.iter().enumerate() {
+        for j in 0..20 {
+            let rev = put_eventually(m.store(), &format!("k{i}-{j}"), &format!("v{i}-{j}")).await;
+            assert!(rev > last, "revisions increase: {rev} after {last}");
+            last = rev;
+        }
+    }
+    // A linearizable read on every member sees the last write, at once.
+    for m in &members {
+        assert_eq!(
+            linearizable_get(m.store(), "k2-19").await.expect("read"),
+            Some(Bytes::from_static(b"v2-19"))
+        );
+    }
+    // Every member has the same history: same revision, same hash.
+    for m in &members {
+        m.store()
+            .wait_applied(members[0].store().applied_index())
+            .await
+            .expect("applied");
+    }
+    let hashes: Vec<(u32, i64)> = members
+        .iter()
+        .map(|m| m.store().hash_kv(last).expect("hash"))
+        .collect();
+    assert!(hashes.windows(2).all(|w| w[0] == w[1]), "{hashes:?}");
+
+    // Lose the leader: the other two elect a new one and take writes.
+    let leader_at = members
+        .iter()
+        .position(|m| m.config.id == leader)
+        .expect("leader is a member");
+    let down_since = Instant::now();
+    members[leader_at].stop();
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != leader_at).collect();
+    wait_for_leader(&members, leader).await;
+    let rev = put_eventually(members[survivors[0]].store(), "after", "failover").await;
+    assert!(rev > last);
+    eprintln!(
+        "leader loss to first write on a survivor: {:?}",
+        down_since.elapsed()
+    );
+    for _ in 0..50 {
+        put_eventually(members[survivors[1]].store(), "more", "writes").await;
+    }
+
+    // The old leader comes back and catches up from the log.
+    members[leader_at].start().await;
+    let target = members[survivors[0]].store().applied_index();
+    members[leader_at]
+        .store()
+        .wait_applied(target)
+        .await
+        .expect("caught up");
+    assert_eq!(
+        linearizable_get(members[leader_at].store(), "after")
+            .await
+            .expect("read"),
+        Some(Bytes::from_static(b"failover"))
+    );
+    for m in &mut members {
+        m.stop();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_cannot_write_or_read_linearizably() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut members = cluster(root.path());
+    for m in &mut members {
+        m.start().await;
+    }
+    wait_for_leader(&members, 0).await;
+    put_eventually(members[0].store(), "k", "before").await;
+    // Two members gone: the one left is a minority.
+    members[1].stop();
+    members[2].stop();
+    let alone = members[0].store();
+    let write = put(alone, "k", "minority").await;
+    assert!(
+        matches!(write, Err(StoreError::NoLeader | StoreError::Timeout)),
+        "{write:?}"
+    );
+    // Check-quorum makes a cut-off leader step down, so a read is refused rather than stale.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match linearizable_get(alone, "k").await {
+            Err(StoreError::NoLeader | StoreError::Timeout) => break,
+            Ok(_) => assert!(
+                Instant::now() < deadline,
+                "a minority kept serving linearizable reads"
+            ),
+            Err(e) => panic!("unexpected error {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Serializable reads still answer from the local store.
+    let local = alone
+        .range(&RangeRequest {
+            key: Bytes::from_static(b"k"),
+            serializable: true,
+            ..Default::default()
+        })
+        .expect("serializable read");
+    assert_eq!(local.kvs[0].value, Bytes::from_static(b"before"));
+    for m in &mut members {
+        m.stop();
+    }
+}
