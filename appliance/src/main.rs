@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use skerry_raft::{ClusterConfig, ClusterState, RaftNode};
 use skerry_store::grpc::authority::AuthorityFix;
 use skerry_store::grpc::{EtcdApi, MemberInfo, router};
 use skerry_store::{Store, StoreConfig};
@@ -44,7 +45,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a single-node store serving etcd's v3 gRPC API (etcd's flag names).
+    /// Run a store member serving etcd's v3 gRPC API (etcd's flag names): a single store, or
+    /// with --initial-cluster a member of a Raft cluster.
     Server(ServerArgs),
     /// Snapshot files made by `etcdctl snapshot save` against skerry.
     Snapshot {
@@ -87,6 +89,85 @@ struct ServerArgs {
     /// Log level filter (tracing's syntax; RUST_LOG overrides).
     #[arg(long, default_value = "info")]
     log_level: String,
+    /// Every member of a new cluster and its peer URL: n1=http://IP:2380,n2=... Without it
+    /// skerry runs a single store with no peers.
+    #[arg(long)]
+    initial_cluster: Option<String>,
+    /// `new` to bootstrap the cluster from --initial-cluster; `existing` to join one.
+    #[arg(long, default_value = "new")]
+    initial_cluster_state: String,
+    /// Token that keeps members of different clusters from mixing (part of every id).
+    #[arg(long, default_value = skerry_raft::config::CLUSTER_TOKEN_DEFAULT)]
+    initial_cluster_token: String,
+    /// URLs to listen on for peer traffic, comma-separated [default: this member's URL in
+    /// --initial-cluster].
+    #[arg(long)]
+    listen_peer_urls: Option<String>,
+    /// This member's peer URLs as the others reach them; must match --initial-cluster.
+    #[arg(long)]
+    initial_advertise_peer_urls: Option<String>,
+    /// Time between leader heartbeats, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    heartbeat_interval: u64,
+    /// Time a follower waits for a heartbeat before it stands for election, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    election_timeout: u64,
+}
+
+/// Where a cluster member keeps its Raft log, inside the data dir.
+const RAFT_DIR: &str = "raft";
+
+/// The cluster description from the flags, when --initial-cluster is given.
+fn cluster_config(args: &ServerArgs) -> Result<Option<ClusterConfig>> {
+    let Some(initial) = &args.initial_cluster else {
+        for (flag, given) in [
+            ("--listen-peer-urls", args.listen_peer_urls.is_some()),
+            (
+                "--initial-advertise-peer-urls",
+                args.initial_advertise_peer_urls.is_some(),
+            ),
+        ] {
+            if given {
+                bail!("{flag} needs --initial-cluster");
+            }
+        }
+        return Ok(None);
+    };
+    let state: ClusterState = args.initial_cluster_state.parse()?;
+    let own_urls: Vec<String> = initial
+        .split(',')
+        .filter_map(|item| item.split_once('='))
+        .filter(|(name, _)| *name == args.name)
+        .map(|(_, url)| url.to_string())
+        .collect();
+    if let Some(advertised) = &args.initial_advertise_peer_urls {
+        let mut advertised: Vec<String> = advertised.split(',').map(str::to_string).collect();
+        advertised.sort();
+        let mut own = own_urls.clone();
+        own.sort();
+        if advertised != own {
+            bail!(
+                "--initial-advertise-peer-urls {} does not match {}'s URLs in --initial-cluster ({})",
+                advertised.join(","),
+                args.name,
+                own.join(",")
+            );
+        }
+    }
+    let listen = match &args.listen_peer_urls {
+        Some(listen) => listen.clone(),
+        None => own_urls.join(","),
+    };
+    let config = ClusterConfig::new(
+        &args.name,
+        initial,
+        &args.initial_cluster_token,
+        state,
+        &listen,
+        Duration::from_millis(args.heartbeat_interval),
+        Duration::from_millis(args.election_timeout),
+    )?;
+    Ok(Some(config))
 }
 
 fn main() {
@@ -141,7 +222,8 @@ fn server(args: ServerArgs) -> Result<()> {
     for url in &advertise {
         parse_client_url(url).with_context(|| format!("--advertise-client-urls {url}"))?;
     }
-    let data_dir = match args.data_dir {
+    let cluster = cluster_config(&args)?;
+    let data_dir = match args.data_dir.clone() {
         Some(dir) => dir,
         None => {
             let home =
@@ -165,15 +247,52 @@ fn server(args: ServerArgs) -> Result<()> {
         }
         let mut config = StoreConfig::new(&data_dir);
         config.progress_notify_interval = args.progress_notify_interval;
+        if let Some(cluster) = &cluster {
+            config.replicated = true;
+            config.identity = Some((cluster.cluster_id, cluster.id));
+        }
         let store = Store::open(config).context("open store")?;
+        let mut node = None;
+        let mut peers = Vec::new();
+        let mut own_peer_urls = Vec::new();
+        if let Some(cluster) = &cluster {
+            node = Some(
+                RaftNode::start(cluster, &data_dir.join(RAFT_DIR), store.clone())
+                    .await
+                    .context("start raft")?,
+            );
+            for member in cluster.members.values() {
+                if member.id == cluster.id {
+                    own_peer_urls = member.peer_urls.clone();
+                } else {
+                    peers.push((
+                        member.id,
+                        MemberInfo {
+                            name: member.name.clone(),
+                            client_urls: Vec::new(),
+                            peer_urls: member.peer_urls.clone(),
+                        },
+                    ));
+                }
+            }
+            println!(
+                "skerry: member {} ({:x}) of cluster {:x}, {} members, peers on {}",
+                cluster.name,
+                cluster.id,
+                cluster.cluster_id,
+                cluster.members.len(),
+                cluster.listen_peer
+            );
+        }
         let api = EtcdApi::new(
             store.clone(),
             MemberInfo {
                 name: args.name.clone(),
                 client_urls: advertise,
-                peer_urls: Vec::new(),
+                peer_urls: own_peer_urls,
             },
-        );
+        )
+        .with_peers(peers);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut servers = Vec::new();
         for (url, listener) in args.listen_client_urls.iter().zip(listeners) {
@@ -206,6 +325,9 @@ fn server(args: ServerArgs) -> Result<()> {
             }
         }
         drop(api);
+        if let Some(node) = node {
+            node.stop();
+        }
         store.close();
         Ok::<(), anyhow::Error>(())
     })
