@@ -51,6 +51,11 @@ pub const MESSAGES_PER_TURN_MAX: usize = 4_096;
 pub const APPEND_BYTES_MAX: u64 = 1 << 20;
 /// Appends in flight to one follower before waiting for acknowledgements (etcd: 512).
 pub const APPENDS_IN_FLIGHT_MAX: usize = 512;
+/// How long a proposal or read waits for a leader to be known (during an election, or
+/// just after this member started) before it is refused with "no leader": two election
+/// timeouts, time for one election and a retry.
+pub const LEADERLESS_WAIT_ELECTIONS: u32 = 2;
+
 /// How long a ReadIndex round may wait for its answer before its readers are told to retry:
 /// raft-rs drops rounds silently when leadership changes.
 pub const READ_ROUND_TIMEOUT: Duration = Duration::from_secs(3);
@@ -60,9 +65,16 @@ type ReadWaiter = oneshot::Sender<Result<u64, StoreError>>;
 
 enum NodeMsg {
     Raft(Box<Message>),
-    Propose { command: Command, reply: Reply },
+    Propose {
+        command: Command,
+        reply: Reply,
+    },
     ReadIndex(oneshot::Sender<Result<u64, StoreError>>),
-    Stop,
+    /// Stop; a leader first hands leadership to the most up-to-date follower (waiting at
+    /// most one election timeout), so that a rolling restart costs no election.
+    Stop {
+        transfer: bool,
+    },
 }
 
 /// What other threads can see of the node.
@@ -216,6 +228,9 @@ impl RaftNode {
             next_round: 1,
             leader: 0,
             term: 0,
+            stopping: None,
+            leaderless: Vec::new(),
+            election: cluster.election,
         };
         let thread = std::thread::Builder::new()
             .name("skerry-raft".into())
@@ -232,13 +247,20 @@ impl RaftNode {
         self.handle.clone()
     }
 
-    /// Stops the Raft thread and waits for it.
+    /// Stops the Raft thread and waits for it. A leader hands leadership over first (see
+    /// [`RaftNode::stop_gracefully`] for the rolling-restart path); this one does not wait.
     pub fn stop(mut self) {
-        self.stop_inner();
+        self.stop_inner(false);
     }
 
-    fn stop_inner(&mut self) {
-        let _ = self.handle.tx.send(NodeMsg::Stop);
+    /// Stops after handing leadership to the most up-to-date follower, if this member leads:
+    /// the others need not wait an election timeout to notice it is gone (SIGTERM).
+    pub fn stop_gracefully(mut self) {
+        self.stop_inner(true);
+    }
+
+    fn stop_inner(&mut self, transfer: bool) {
+        let _ = self.handle.tx.send(NodeMsg::Stop { transfer });
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -248,7 +270,7 @@ impl RaftNode {
 
 impl Drop for RaftNode {
     fn drop(&mut self) {
-        self.stop_inner();
+        self.stop_inner(false);
     }
 }
 
@@ -271,6 +293,11 @@ struct Driver {
     next_round: u64,
     leader: u64,
     term: u64,
+    /// Stopping after a leadership transfer: stop once leadership moved or at this instant.
+    stopping: Option<Instant>,
+    /// Proposals and reads that arrived while no leader was known, with their arrival.
+    leaderless: Vec<(Instant, NodeMsg)>,
+    election: Duration,
 }
 
 /// A proposal's context: the proposing member and its proposal id.
@@ -297,7 +324,11 @@ impl Driver {
         loop {
             let wait = next_tick.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(wait) {
-                Ok(NodeMsg::Stop) => break,
+                Ok(NodeMsg::Stop { transfer }) => {
+                    if !self.begin_stop(transfer) {
+                        break;
+                    }
+                }
                 Ok(msg) => self.handle(msg),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -305,9 +336,11 @@ impl Driver {
             let mut stop = false;
             for _ in 0..MESSAGES_PER_TURN_MAX {
                 match self.rx.try_recv() {
-                    Ok(NodeMsg::Stop) => {
-                        stop = true;
-                        break;
+                    Ok(NodeMsg::Stop { transfer }) => {
+                        if !self.begin_stop(transfer) {
+                            stop = true;
+                            break;
+                        }
                     }
                     Ok(msg) => self.handle(msg),
                     Err(_) => break,
@@ -331,6 +364,19 @@ impl Driver {
                 error!(error = %e, "raft loop failed; stopping this member's raft");
                 break;
             }
+            if let Some(deadline) = self.stopping
+                && (self.raw.raft.state != StateRole::Leader || Instant::now() >= deadline)
+            {
+                if self.raw.raft.state == StateRole::Leader {
+                    warn!("leadership transfer did not finish in time; stopping anyway");
+                } else {
+                    info!(
+                        leader = format_args!("{:x}", self.raw.raft.leader_id),
+                        "handed leadership over; stopping"
+                    );
+                }
+                break;
+            }
         }
         for (_, reply) in self.pending.drain() {
             let _ = reply.send(Err(StoreError::Stopped));
@@ -347,23 +393,49 @@ impl Driver {
                     tracing::debug!(error = %e, "raft refused a message");
                 }
             }
-            NodeMsg::Propose { command, reply } => self.propose(command, reply),
-            NodeMsg::ReadIndex(reply) => {
-                if self.leader == 0 {
-                    let _ = reply.send(Err(StoreError::NoLeader));
-                } else {
-                    self.read_waiters.push(reply);
-                }
+            msg @ (NodeMsg::Propose { .. } | NodeMsg::ReadIndex(_)) if self.leader == 0 => {
+                // Held until a leader is known rather than refused at once: an election (or
+                // this member's start) takes about one election timeout.
+                self.leaderless.push((Instant::now(), msg));
             }
-            NodeMsg::Stop => {}
+            NodeMsg::Propose { command, reply } => self.propose(command, reply),
+            NodeMsg::ReadIndex(reply) => self.read_waiters.push(reply),
+            NodeMsg::Stop { .. } => {}
         }
     }
 
-    fn propose(&mut self, command: Command, reply: Reply) {
-        if self.leader == 0 {
-            let _ = reply.send(Err(StoreError::NoLeader));
-            return;
+    /// Starts stopping. Returns true while the loop must go on (a leadership transfer is under
+    /// way), false to stop now.
+    fn begin_stop(&mut self, transfer: bool) -> bool {
+        if self.stopping.is_some() {
+            return true;
         }
+        if !transfer || self.raw.raft.state != StateRole::Leader {
+            return false;
+        }
+        // The follower with the most of the log takes over soonest.
+        let me = self.id;
+        let best = self
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, _)| **id != me)
+            .max_by_key(|(_, progress)| progress.matched)
+            .map(|(id, _)| *id);
+        let Some(transferee) = best else {
+            return false;
+        };
+        info!(
+            to = format_args!("{transferee:x}"),
+            "stopping: handing leadership over"
+        );
+        self.raw.transfer_leader(transferee);
+        self.stopping = Some(Instant::now() + self.election);
+        true
+    }
+
+    fn propose(&mut self, command: Command, reply: Reply) {
         let id = self.next_proposal;
         self.next_proposal += 1;
         let data = command.encode_to_vec();
@@ -405,6 +477,22 @@ impl Driver {
             false
         });
         self.pending.retain(|_, reply| !reply.is_closed());
+        let wait = self.election * LEADERLESS_WAIT_ELECTIONS;
+        let (expired, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.leaderless)
+            .into_iter()
+            .partition(|(arrived, _)| now.duration_since(*arrived) >= wait);
+        self.leaderless = waiting;
+        for (_, msg) in expired {
+            match msg {
+                NodeMsg::Propose { reply, .. } => {
+                    let _ = reply.send(Err(StoreError::NoLeader));
+                }
+                NodeMsg::ReadIndex(reply) => {
+                    let _ = reply.send(Err(StoreError::NoLeader));
+                }
+                _ => {}
+            }
+        }
     }
 
     fn send(&mut self, messages: Vec<Message>) {
@@ -429,9 +517,22 @@ impl Driver {
                     "raft leader changed"
                 );
             }
+            if term != self.term && self.term != 0 {
+                // Proposals made under the old term may have died with its leader; their
+                // callers hear so now instead of at their timeout (the entry may still be
+                // committed by the new leader: the outcome is unknown, as etcd says).
+                for (_, reply) in self.pending.drain() {
+                    let _ = reply.send(Err(StoreError::LeaderChanged));
+                }
+            }
             self.leader = leader;
             self.term = term;
             self.store.set_leadership(is_leader, term);
+            if leader != 0 {
+                for (_, msg) in std::mem::take(&mut self.leaderless) {
+                    self.handle(msg);
+                }
+            }
             if leader == 0 {
                 // Rounds started under the old leader will not be answered.
                 for (_, (_, waiters)) in self.read_rounds.drain() {

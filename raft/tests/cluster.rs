@@ -238,14 +238,17 @@ async fn a_minority_cannot_write_or_read_linearizably() {
     let alone = members[0].store();
     let write = put(alone, "k", "minority").await;
     assert!(
-        matches!(write, Err(StoreError::NoLeader | StoreError::Timeout)),
+        matches!(
+            write,
+            Err(StoreError::NoLeader | StoreError::Timeout | StoreError::LeaderChanged)
+        ),
         "{write:?}"
     );
     // Check-quorum makes a cut-off leader step down, so a read is refused rather than stale.
     let deadline = Instant::now() + WAIT;
     loop {
         match linearizable_get(alone, "k").await {
-            Err(StoreError::NoLeader | StoreError::Timeout) => break,
+            Err(StoreError::NoLeader | StoreError::Timeout | StoreError::LeaderChanged) => break,
             Ok(_) => assert!(
                 Instant::now() < deadline,
                 "a minority kept serving linearizable reads"

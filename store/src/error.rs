@@ -36,6 +36,9 @@ pub enum StoreError {
     /// The cluster has no leader (an election is under way, or this member is cut off).
     #[error("etcdserver: no leader")]
     NoLeader,
+    /// The leader changed while the request waited; it may or may not be applied.
+    #[error("etcdserver: leader changed")]
+    LeaderChanged,
     /// A replicated request got no answer in time; it may still be applied later.
     #[error("etcdserver: request timed out")]
     Timeout,

@@ -75,6 +75,18 @@ impl Server {
         panic!("could not start skerry: the port was taken {START_ATTEMPTS_MAX} times");
     }
 
+    /// Like [`Server::start_with_args`] on a given client port (a member restarting where its
+    /// clients expect it).
+    ///
+    /// # Panics
+    /// If the port is taken, the server exits, or it does not become ready in time.
+    pub fn start_on_port(data_dir: &Path, port: u16, extra_args: &[&str]) -> Server {
+        match Self::try_start(data_dir, port, extra_args) {
+            Ok(server) => server,
+            Err(StartError::PortTaken) => panic!("client port {port} is taken"),
+        }
+    }
+
     fn try_start(data_dir: &Path, port: u16, extra_args: &[&str]) -> Result<Server, StartError> {
         let url = format!("http://127.0.0.1:{port}");
         let mut child = Command::new(env!("CARGO_BIN_EXE_skerry"))

@@ -87,7 +87,10 @@ pub fn status(e: StoreError) -> tonic::Status {
         | StoreError::LeaseTtlTooLarge => Code::OutOfRange,
         StoreError::LeaseNotFound => Code::NotFound,
         StoreError::LeaseExists => Code::FailedPrecondition,
-        StoreError::Stopped | StoreError::NoLeader | StoreError::Timeout => Code::Unavailable,
+        StoreError::Stopped
+        | StoreError::NoLeader
+        | StoreError::LeaderChanged
+        | StoreError::Timeout => Code::Unavailable,
         StoreError::Storage(_) | StoreError::DataDir(_) => Code::Internal,
     };
     tonic::Status::new(code, e.to_string())
