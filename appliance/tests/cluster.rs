@@ -329,7 +329,7 @@ async fn a_rolling_restart_under_load_loses_nothing_and_reads_nothing_stale() {
     // The restarts block (each waits for its server), so they run off the runtime.
     let restart_acked = acked.clone();
     let cluster = tokio::task::spawn_blocking(move || {
-        for i in 0..3 {
+        for (i, name) in NAMES.iter().enumerate() {
             let before = restart_acked.load(Ordering::Acquire);
             let server = cluster.members[i].take().expect("running");
             sigterm(server);
@@ -339,8 +339,7 @@ async fn a_rolling_restart_under_load_loses_nothing_and_reads_nothing_stale() {
             while restart_acked.load(Ordering::Acquire) < before + 20 {
                 assert!(
                     Instant::now() < deadline,
-                    "writes stalled after restarting {}",
-                    NAMES[i]
+                    "writes stalled after restarting {name}"
                 );
                 std::thread::sleep(Duration::from_millis(20));
             }
