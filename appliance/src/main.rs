@@ -47,7 +47,7 @@ struct Cli {
 enum Command {
     /// Run a store member serving etcd's v3 gRPC API (etcd's flag names): a single store, or
     /// with --initial-cluster a member of a Raft cluster.
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// Snapshot files made by `etcdctl snapshot save` against skerry.
     Snapshot {
         #[command(subcommand)]
@@ -180,7 +180,7 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Server(args) => server(args),
+        Command::Server(args) => server(*args),
         Command::Snapshot {
             command: SnapshotCommand::Restore { file, data_dir },
         } => {
