@@ -300,7 +300,7 @@ struct Driver {
     election: Duration,
 }
 
-/// A proposal's context: the proposing member and its proposal id.
+/// A proposal's (or ReadIndex round's) context: the member and its proposal (round) id.
 fn proposal_context(member: u64, proposal: u64) -> Vec<u8> {
     let mut ctx = member.to_le_bytes().to_vec();
     ctx.extend_from_slice(&proposal.to_le_bytes());
@@ -460,7 +460,9 @@ impl Driver {
         let round = self.next_round;
         self.next_round += 1;
         let waiters = std::mem::take(&mut self.read_waiters);
-        self.raw.read_index(round.to_le_bytes().to_vec());
+        // The leader keeps pending reads by context and ignores a context it already holds,
+        // so rounds of different members must never share one: the member id goes in too.
+        self.raw.read_index(proposal_context(self.id, round));
         self.read_rounds.insert(round, (Instant::now(), waiters));
     }
 
@@ -565,11 +567,13 @@ impl Driver {
         self.log.persist(rd.entries(), rd.hs(), rd.must_sync())?;
         self.send(rd.take_persisted_messages());
         for state in rd.take_read_states() {
-            let mut word = [0u8; 8];
-            if state.request_ctx.len() == 8 {
-                word.copy_from_slice(&state.request_ctx);
+            let Some((member, round)) = parse_context(&state.request_ctx) else {
+                continue;
+            };
+            if member != self.id {
+                continue;
             }
-            if let Some((_, waiters)) = self.read_rounds.remove(&u64::from_le_bytes(word)) {
+            if let Some((_, waiters)) = self.read_rounds.remove(&round) {
                 for w in waiters {
                     let _ = w.send(Ok(state.index));
                 }

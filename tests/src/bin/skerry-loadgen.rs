@@ -93,6 +93,10 @@ struct CompareArgs {
     /// Runs per target; medians are reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=RUNS_MAX as i64))]
     runs: u32,
+    /// Members per target: 1 (a single server each) or 3 (a Raft cluster of three processes
+    /// on loopback each; clients spread over the members).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=5))]
+    members: u64,
     /// Self-test: start the skerry side with etcd's arguments, to compare etcd with itself.
     #[arg(long, hide = true)]
     skerry_as_etcd: bool,
@@ -205,11 +209,13 @@ async fn compare(args: CompareArgs) -> Result<ExitCode> {
             } else {
                 Flavor::Skerry
             },
+            members: args.members as usize,
         },
         ServerSpec {
             label: "etcd".into(),
             bin: args.etcd_bin.clone(),
             flavor: Flavor::Etcd,
+            members: args.members as usize,
         },
     ];
     let etcd_version = etcd_version(&args.etcd_bin).await;
@@ -234,10 +240,12 @@ async fn compare(args: CompareArgs) -> Result<ExitCode> {
         ""
     };
     let intro = format!(
-        "scale {scale}, median of {runs} runs, fresh server and data dir per run; host: {cpus} \
+        "scale {scale}, {members} member(s) per target, median of {runs} runs, fresh server \
+         and data dir per run; host: {cpus} \
          CPUs, load average {load_before} before and {load_after} after; skerry = \
          {skerry}{skerry_note}; etcd = {etcd} ({etcd_version})",
         scale = args.selection.scale.name(),
+        members = args.members,
         runs = args.runs,
         skerry = args.skerry_bin.display(),
         etcd = args.etcd_bin.display(),
@@ -246,6 +254,7 @@ async fn compare(args: CompareArgs) -> Result<ExitCode> {
         "command": "compare",
         "scale": args.selection.scale.name(),
         "runs": args.runs,
+        "members": args.members,
         "host_cpus": cpus,
         "skerry_bin": args.skerry_bin.display().to_string(),
         "skerry_as_etcd": args.skerry_as_etcd,
@@ -282,7 +291,7 @@ async fn run_target(
     };
     for &workload in workloads {
         let outcome = match server.check_alive() {
-            Ok(()) => run_workload(workload, server.endpoint(), plan, server.pid()).await,
+            Ok(()) => run_workload(workload, server.endpoint(), plan, &server.pids()).await,
             Err(e) => Err(e),
         };
         report.record(target, workload, outcome.map_err(|e| format!("{e:#}")));
@@ -302,7 +311,7 @@ async fn run_endpoint(args: RunArgs) -> Result<ExitCode> {
     let mut report = Report::new(workloads.clone(), &[args.endpoint.as_str()]);
     for &workload in &workloads {
         // No child process here, so no server CPU figure.
-        let outcome = run_workload(workload, &args.endpoint, &plan, None).await;
+        let outcome = run_workload(workload, &args.endpoint, &plan, &[]).await;
         report.record(0, workload, outcome.map_err(|e| format!("{e:#}")));
     }
     let intro = format!(

@@ -44,21 +44,24 @@ pub enum Flavor {
     Etcd,
 }
 
-/// What to start: a label for reports, the binary, and its command-line flavor.
+/// What to start: a label for reports, the binary, its command-line flavor, and how many
+/// members (1, or a cluster of 3 on loopback).
 #[derive(Clone, Debug)]
 pub struct ServerSpec {
     pub label: String,
     pub bin: PathBuf,
     pub flavor: Flavor,
+    pub members: usize,
 }
 
-/// A running server. See the module doc for the drop invariant.
+/// A running server (one process per member). See the module doc for the drop invariant.
 pub struct Server {
     label: String,
-    /// Declared before `dir` so that a drop kills the process before removing its files.
-    child: Child,
+    /// Declared before `dir` so that a drop kills the processes before removing their files.
+    children: Vec<Child>,
+    /// Every member's client URL, comma-separated.
     endpoint: String,
-    log_path: PathBuf,
+    log_paths: Vec<PathBuf>,
     dir: tempfile::TempDir,
 }
 
@@ -70,59 +73,77 @@ impl Server {
             .prefix("skerry-loadgen-")
             .tempdir()
             .context("create temp dir for server")?;
-        let data_dir = dir.path().join("data");
-        let log_path = dir.path().join("server.log");
-        let log = std::fs::File::create(&log_path).context("create server log")?;
-        let log_err = log.try_clone().context("clone server log handle")?;
-
-        let [client_port, peer_port] = free_loopback_ports()?;
-        let client_url = format!("http://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let data_dir_arg = data_dir.display().to_string();
-        let args: Vec<String> = match spec.flavor {
-            Flavor::Skerry => vec![
-                "server".into(),
-                "--data-dir".into(),
-                data_dir_arg,
-                "--listen-client-urls".into(),
-                client_url.clone(),
-                "--advertise-client-urls".into(),
-                client_url.clone(),
-            ],
-            Flavor::Etcd => vec![
+        let members = spec.members.max(1);
+        let mut ports = Vec::with_capacity(members);
+        for _ in 0..members {
+            ports.push(free_loopback_ports()?);
+        }
+        let names: Vec<String> = (1..=members).map(|i| format!("m{i}")).collect();
+        let initial_cluster = names
+            .iter()
+            .zip(&ports)
+            .map(|(name, [_, peer])| format!("{name}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut children = Vec::with_capacity(members);
+        let mut log_paths = Vec::with_capacity(members);
+        let mut endpoints = Vec::with_capacity(members);
+        for (name, [client_port, peer_port]) in names.iter().zip(&ports) {
+            let data_dir = dir.path().join(name);
+            let log_path = dir.path().join(format!("{name}.log"));
+            let log = std::fs::File::create(&log_path).context("create server log")?;
+            let log_err = log.try_clone().context("clone server log handle")?;
+            let client_url = format!("http://127.0.0.1:{client_port}");
+            let peer_url = format!("http://127.0.0.1:{peer_port}");
+            let data_dir_arg = data_dir.display().to_string();
+            let mut args: Vec<String> = match spec.flavor {
+                Flavor::Skerry => vec!["server".into()],
+                Flavor::Etcd => Vec::new(),
+            };
+            args.extend([
                 "--name".into(),
-                "default".into(),
+                name.clone(),
                 "--data-dir".into(),
                 data_dir_arg,
                 "--listen-client-urls".into(),
                 client_url.clone(),
                 "--advertise-client-urls".into(),
                 client_url.clone(),
-                "--listen-peer-urls".into(),
-                peer_url.clone(),
-                "--initial-advertise-peer-urls".into(),
-                peer_url.clone(),
-                "--initial-cluster".into(),
-                format!("default={peer_url}"),
-            ],
-        };
-        debug!(target = %spec.label, bin = %spec.bin.display(), ?args, "spawning server");
-        let child = Command::new(&spec.bin)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("spawn {} ({})", spec.label, spec.bin.display()))?;
+            ]);
+            // etcd always takes its peer flags; skerry only as a cluster member.
+            if spec.flavor == Flavor::Etcd || members > 1 {
+                args.extend([
+                    "--listen-peer-urls".into(),
+                    peer_url.clone(),
+                    "--initial-advertise-peer-urls".into(),
+                    peer_url.clone(),
+                    "--initial-cluster".into(),
+                    initial_cluster.clone(),
+                ]);
+            }
+            debug!(target = %spec.label, bin = %spec.bin.display(), ?args, "spawning server");
+            let child = Command::new(&spec.bin)
+                .args(&args)
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(log_err)
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("spawn {} ({})", spec.label, spec.bin.display()))?;
+            children.push(child);
+            log_paths.push(log_path);
+            endpoints.push(client_url);
+        }
         let mut server = Self {
             label: spec.label.clone(),
-            child,
-            endpoint: client_url,
-            log_path,
+            children,
+            endpoint: endpoints.join(","),
+            log_paths,
             dir,
         };
-        server.wait_ready().await?;
+        for endpoint in endpoints {
+            server.wait_ready(&endpoint).await?;
+        }
         info!(target = %server.label, endpoint = %server.endpoint, "server ready");
         Ok(server)
     }
@@ -131,41 +152,45 @@ impl Server {
         &self.endpoint
     }
 
-    /// The child's process id, `None` once it has been reaped.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+    /// The members' process ids (those not yet reaped).
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().filter_map(Child::id).collect()
     }
 
-    /// Fails with the log's tail if the process has exited.
+    /// Fails with the log's tail if a member's process has exited.
     pub fn check_alive(&mut self) -> Result<()> {
-        if let Some(status) = self.child.try_wait().context("poll server process")? {
-            bail!(
-                "{} exited with {status}; log tail:\n{}",
-                self.label,
-                log_tail(&self.log_path)
-            );
+        for (child, log_path) in self.children.iter_mut().zip(&self.log_paths) {
+            if let Some(status) = child.try_wait().context("poll server process")? {
+                bail!(
+                    "{} exited with {status}; log tail:\n{}",
+                    self.label,
+                    log_tail(log_path)
+                );
+            }
         }
         Ok(())
     }
 
     /// Kills the server, waits for it to exit and removes its temp dir.
     pub async fn stop(mut self) -> Result<()> {
-        self.child
-            .kill()
-            .await
-            .with_context(|| format!("kill {}", self.label))?;
+        for child in &mut self.children {
+            child
+                .kill()
+                .await
+                .with_context(|| format!("kill {}", self.label))?;
+        }
         let path = self.dir.path().to_path_buf();
         self.dir
             .close()
             .with_context(|| format!("remove {}", path.display()))
     }
 
-    async fn wait_ready(&mut self) -> Result<()> {
+    async fn wait_ready(&mut self, endpoint: &str) -> Result<()> {
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         let mut last_error = String::from("no probe finished");
         while Instant::now() < deadline {
             self.check_alive()?;
-            match timeout(STARTUP_PROBE_TIMEOUT, probe(&self.endpoint)).await {
+            match timeout(STARTUP_PROBE_TIMEOUT, probe(endpoint)).await {
                 Ok(Ok(())) => return Ok(()),
                 Ok(Err(e)) => last_error = format!("{e:#}"),
                 Err(_) => last_error = format!("probe took over {STARTUP_PROBE_TIMEOUT:?}"),
@@ -173,10 +198,14 @@ impl Server {
             sleep(STARTUP_PROBE_INTERVAL).await;
         }
         bail!(
-            "{} did not answer a Range within {STARTUP_TIMEOUT:?} (last: {last_error}); log \
-             tail:\n{}",
+            "{} ({endpoint}) did not answer a Range within {STARTUP_TIMEOUT:?} (last: \
+             {last_error}); log tail:\n{}",
             self.label,
-            log_tail(&self.log_path)
+            self.log_paths
+                .iter()
+                .map(|p| log_tail(p))
+                .collect::<Vec<_>>()
+                .join("\n---\n")
         )
     }
 }
@@ -210,29 +239,40 @@ fn cpu_time_from_stat(stat: &str) -> Option<Duration> {
 /// Measures a server's CPU time over one workload's measured phase. Without a pid (`run`
 /// mode) or when /proc cannot be read, it yields no figure rather than an error.
 pub struct CpuMeter {
-    pid: Option<u32>,
+    /// The server's processes (every member of a cluster); their CPU times add up.
+    pids: Vec<u32>,
     start: Option<Duration>,
 }
 
+/// The CPU time of all `pids` together; `None` without pids or when one cannot be read.
+fn total_cpu_time(pids: &[u32]) -> Option<Duration> {
+    if pids.is_empty() {
+        return None;
+    }
+    pids.iter()
+        .map(|pid| process_cpu_time(*pid))
+        .sum::<Option<Duration>>()
+}
+
 impl CpuMeter {
-    /// Starts measuring `pid`'s CPU time now.
-    pub fn start(pid: Option<u32>) -> Self {
+    /// Starts measuring the CPU time of `pids` now.
+    pub fn start(pids: &[u32]) -> Self {
         Self {
-            pid,
-            start: pid.and_then(process_cpu_time),
+            pids: pids.to_vec(),
+            start: total_cpu_time(pids),
         }
     }
 
     /// Starts over, so a workload can leave its setup (such as range's preload) out.
     pub fn restart(&mut self) {
-        self.start = self.pid.and_then(process_cpu_time);
+        self.start = total_cpu_time(&self.pids);
     }
 
     /// The server's CPU microseconds per operation since the start, as an `Extra`; `None`
     /// without a pid, a /proc reading, or a completed operation. The resolution is one clock
     /// tick (10 ms), so short workloads read coarsely.
     pub fn finish(&self, ops: u64) -> Option<Extra> {
-        let end = process_cpu_time(self.pid?)?;
+        let end = total_cpu_time(&self.pids)?;
         let used = end.checked_sub(self.start?)?;
         (ops > 0).then(|| Extra {
             name: SERVER_CPU_EXTRA,

@@ -218,11 +218,11 @@ pub async fn run_workload(
     workload: Workload,
     endpoint: &str,
     plan: &Plan,
-    server_pid: Option<u32>,
+    server_pids: &[u32],
 ) -> Result<WorkloadResult> {
     let deadline = Instant::now() + plan.deadline;
     info!(workload = workload.name(), endpoint, "starting workload");
-    let mut cpu = CpuMeter::start(server_pid);
+    let mut cpu = CpuMeter::start(server_pids);
     let result = match workload {
         Workload::Put1 => put_workload(workload, endpoint, 1, 1, plan.put1_ops, deadline).await,
         Workload::Put64 => {
@@ -261,7 +261,9 @@ pub async fn run_workload(
 
 /// Opens one connection. `request_timeout` bounds each unary call; leave it `None` for
 /// watch streams, since tonic sends it as the whole stream's gRPC deadline.
+/// `endpoint` may list several members, comma-separated; this connects to the first.
 pub async fn connect(endpoint: &str, request_timeout: Option<Duration>) -> Result<Channel> {
+    let endpoint = endpoint.split(',').next().unwrap_or(endpoint);
     let mut builder = Endpoint::from_shared(endpoint.to_owned())
         .with_context(|| format!("parse endpoint {endpoint}"))?
         .connect_timeout(CONNECT_TIMEOUT)
@@ -280,9 +282,12 @@ async fn connect_many(
     count: usize,
     request_timeout: Option<Duration>,
 ) -> Result<Vec<Channel>> {
+    // Several members (comma-separated): connections go round-robin over them, as a client
+    // given every member's endpoint spreads its load.
+    let endpoints: Vec<&str> = endpoint.split(',').collect();
     let mut channels = Vec::with_capacity(count);
-    for _ in 0..count {
-        channels.push(connect(endpoint, request_timeout).await?);
+    for i in 0..count {
+        channels.push(connect(endpoints[i % endpoints.len()], request_timeout).await?);
     }
     Ok(channels)
 }
