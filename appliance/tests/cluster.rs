@@ -273,14 +273,20 @@ async fn writer(endpoints: Vec<String>, acked: Arc<AtomicU64>, stop: Arc<AtomicB
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_under_load_loses_nothing_and_reads_nothing_stale() {
-    let mut cluster = tokio::task::spawn_blocking(Cluster::start)
-        .await
-        .expect("start");
+    let mut cluster = tokio::task::spawn_blocking(|| {
+        let cluster = Cluster::start();
+        cluster.wait_for_leader(None);
+        cluster
+    })
+    .await
+    .expect("start");
     let endpoints: Vec<String> = (0..3).map(|i| cluster.member(i).endpoint()).collect();
     let acked = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let writer = tokio::spawn(writer(endpoints.clone(), acked.clone(), stop.clone()));
 
+    let reads_done = Arc::new(AtomicU64::new(0));
+    let reader_reads = reads_done.clone();
     let reader_acked = acked.clone();
     let reader_stop = stop.clone();
     let reader_endpoints = endpoints.clone();
@@ -312,6 +318,7 @@ async fn a_rolling_restart_under_load_loses_nothing_and_reads_nothing_stale() {
                         "stale read: {seen} after {floor} was acknowledged"
                     );
                     reads += 1;
+                    reader_reads.fetch_add(1, Ordering::Release);
                 }
                 Err(_) => {
                     // A member going down refuses or drops the request; like etcd's client,
@@ -348,6 +355,12 @@ async fn a_rolling_restart_under_load_loses_nothing_and_reads_nothing_stale() {
     })
     .await
     .expect("rolling restart");
+    // Reads go on after the last restart until some have been checked against the writes.
+    let deadline = Instant::now() + WAIT;
+    while reads_done.load(Ordering::Acquire) < 20 {
+        assert!(Instant::now() < deadline, "linearizable reads stalled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     stop.store(true, Ordering::Release);
     writer.await.expect("writer");
     let (reads, retried) = reader.await.expect("reader");

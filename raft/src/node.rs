@@ -37,7 +37,7 @@ use tracing::{error, info, warn};
 use crate::config::{ClusterConfig, ClusterState};
 use crate::error::RaftError;
 use crate::log::LogStore;
-use crate::transport::Transport;
+use crate::transport::{Received, Transport};
 
 /// Messages (peer traffic, proposals, reads) waiting for the Raft thread. Beyond it peer
 /// messages are dropped (raft retransmits) and clients are told there is no leader to take
@@ -70,6 +70,8 @@ enum NodeMsg {
         reply: Reply,
     },
     ReadIndex(oneshot::Sender<Result<u64, StoreError>>),
+    /// A peer's connection to us closed.
+    PeerDown(u64),
     /// Stop; a leader first hands leadership to the most up-to-date follower (waiting at
     /// most one election timeout), so that a rolling restart costs no election.
     Stop {
@@ -191,11 +193,12 @@ impl RaftNode {
             .map_err(|e| RaftError::Raft(e.to_string()))?;
         let (tx, rx) = std::sync::mpsc::sync_channel(NODE_QUEUE_MAX);
         let inbound_tx = tx.clone();
-        let inbound: crate::transport::Inbound = Arc::new(move |m: Message| {
-            !matches!(
-                inbound_tx.try_send(NodeMsg::Raft(Box::new(m))),
-                Err(TrySendError::Disconnected(_))
-            )
+        let inbound: crate::transport::Inbound = Arc::new(move |received: Received| {
+            let msg = match received {
+                Received::Message(m) => NodeMsg::Raft(Box::new(m)),
+                Received::PeerDown(peer) => NodeMsg::PeerDown(peer),
+            };
+            !matches!(inbound_tx.try_send(msg), Err(TrySendError::Disconnected(_)))
         });
         let transport = Transport::start(
             cluster.cluster_id,
@@ -230,6 +233,7 @@ impl RaftNode {
             term: 0,
             stopping: None,
             leaderless: Vec::new(),
+            suspect: None,
             election: cluster.election,
         };
         let thread = std::thread::Builder::new()
@@ -297,6 +301,8 @@ struct Driver {
     stopping: Option<Instant>,
     /// Proposals and reads that arrived while no leader was known, with their arrival.
     leaderless: Vec<(Instant, NodeMsg)>,
+    /// The leader whose connection to us dropped: campaign every tick until another leads.
+    suspect: Option<u64>,
     election: Duration,
 }
 
@@ -353,6 +359,7 @@ impl Driver {
             let now = Instant::now();
             if now >= next_tick {
                 self.raw.tick();
+                self.campaign_if_leader_gone();
                 next_tick += self.tick_every;
                 if next_tick < now {
                     // The thread was held up for several ticks: do not replay them in a burst.
@@ -387,6 +394,10 @@ impl Driver {
     fn handle(&mut self, msg: NodeMsg) {
         match msg {
             NodeMsg::Raft(m) => {
+                if Some(m.from) == self.suspect {
+                    // It speaks: alive after all (a broken link, since mended).
+                    self.suspect = None;
+                }
                 // Messages from unknown members or stale terms are refused by raft-rs; that
                 // is routine, not an error worth more than debug.
                 if let Err(e) = self.raw.step(*m) {
@@ -400,7 +411,35 @@ impl Driver {
             }
             NodeMsg::Propose { command, reply } => self.propose(command, reply),
             NodeMsg::ReadIndex(reply) => self.read_waiters.push(reply),
+            NodeMsg::PeerDown(peer) => {
+                if peer == self.leader && self.raw.raft.state != StateRole::Leader {
+                    info!(
+                        leader = format_args!("{peer:x}"),
+                        "the leader's connection closed; campaigning as soon as the others agree"
+                    );
+                    self.suspect = Some(peer);
+                }
+            }
             NodeMsg::Stop { .. } => {}
+        }
+    }
+
+    /// Fast failover: the leader's process is gone (its connection closed), so rather than
+    /// wait out a randomized election timeout (1-2 s by default), stand for election at every
+    /// tick. Pre-vote keeps this harmless: the others refuse while they still hear from a
+    /// leader (their lease, one election timeout), so a live leader is never disturbed, and
+    /// once their lease lapses the first pre-vote wins.
+    fn campaign_if_leader_gone(&mut self) {
+        let Some(suspect) = self.suspect else {
+            return;
+        };
+        let leader = self.raw.raft.leader_id;
+        if (leader != 0 && leader != suspect) || self.raw.raft.state == StateRole::Leader {
+            self.suspect = None;
+            return;
+        }
+        if let Err(e) = self.raw.campaign() {
+            tracing::debug!(error = %e, "campaign refused");
         }
     }
 

@@ -41,8 +41,16 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const HELLO_MAGIC: &[u8; 8] = b"skryraf1";
 const HELLO_BYTES: usize = 32;
 
+/// What the transport hands the node.
+pub enum Received {
+    Message(Message),
+    /// The connection a peer had opened to us closed: the peer process is gone or restarting
+    /// (a crashed process's sockets are closed by its kernel at once), or the link broke.
+    PeerDown(u64),
+}
+
 /// Where received messages go; returns false when the node is gone.
-pub type Inbound = std::sync::Arc<dyn Fn(Message) -> bool + Send + Sync>;
+pub type Inbound = std::sync::Arc<dyn Fn(Received) -> bool + Send + Sync>;
 
 /// The sending side, cheap to share with the Raft loop.
 #[derive(Clone)]
@@ -215,18 +223,24 @@ async fn accept_loop(listener: TcpListener, cluster_id: u64, self_id: u64, inbou
         let _ = stream.set_nodelay(true);
         let inbound = inbound.clone();
         connections.spawn(async move {
-            if let Err(why) = receive(stream, cluster_id, self_id, inbound).await {
+            let mut from = None;
+            if let Err(why) = receive(stream, cluster_id, self_id, &inbound, &mut from).await {
                 debug!(%remote, why, "peer connection closed");
+            }
+            if let Some(peer) = from {
+                inbound(Received::PeerDown(peer));
             }
         });
     }
 }
 
+/// Reads one peer connection until it closes; `from` learns the peer's id from its hello.
 async fn receive(
     mut stream: TcpStream,
     cluster_id: u64,
     self_id: u64,
-    inbound: Inbound,
+    inbound: &Inbound,
+    from: &mut Option<u64>,
 ) -> Result<(), String> {
     let mut hello_buf = [0u8; HELLO_BYTES];
     stream
@@ -238,6 +252,9 @@ async fn receive(
         warn!("refused a peer connection for another cluster or member");
         return Err("hello mismatch".into());
     }
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&hello_buf[16..24]);
+    *from = Some(u64::from_le_bytes(word));
     let mut len_buf = [0u8; 4];
     let mut frame = Vec::new();
     loop {
@@ -256,10 +273,10 @@ async fn receive(
             .await
             .map_err(|e| e.to_string())?;
         let message = Message::parse_from_bytes(&frame).map_err(|e| e.to_string())?;
-        if message.to != self_id {
-            return Err("message for another member".into());
+        if message.to != self_id || Some(message.from) != *from {
+            return Err("message for another member, or from another than said hello".into());
         }
-        if !inbound(message) {
+        if !inbound(Received::Message(message)) {
             return Ok(());
         }
     }

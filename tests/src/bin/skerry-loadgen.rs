@@ -48,6 +48,7 @@ use tokio::time::{Instant, timeout};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
+use loadgen::failover::failover_workload;
 use loadgen::report::Report;
 use loadgen::server::{Flavor, Server, ServerSpec};
 use loadgen::workloads::{Plan, Scale, Workload, run_workload};
@@ -128,6 +129,12 @@ struct Selection {
 }
 
 impl Selection {
+    /// Whether every workload of `all` was asked for.
+    fn all_requested(&self) -> bool {
+        let chosen = self.workloads();
+        Workload::ALL.iter().all(|w| chosen.contains(w))
+    }
+
     /// The chosen workloads in the canonical order, each once.
     fn workloads(&self) -> Vec<Workload> {
         let mut chosen: Vec<Workload> = self.workloads.iter().flatten().copied().collect();
@@ -196,7 +203,14 @@ async fn run_command(command: Command) -> Result<ExitCode> {
 
 async fn compare(args: CompareArgs) -> Result<ExitCode> {
     let plan = Plan::for_scale(args.selection.scale);
-    let workloads = args.selection.workloads();
+    let mut workloads = args.selection.workloads();
+    if args.members >= 3
+        && args.selection.all_requested()
+        && !workloads.contains(&Workload::Failover)
+    {
+        // A cluster's `all` includes the failover measurement.
+        workloads.push(Workload::Failover);
+    }
     for bin in [&args.skerry_bin, &args.etcd_bin] {
         std::fs::metadata(bin).with_context(|| format!("find server binary {}", bin.display()))?;
     }
@@ -291,6 +305,9 @@ async fn run_target(
     };
     for &workload in workloads {
         let outcome = match server.check_alive() {
+            Ok(()) if workload == Workload::Failover => {
+                failover_workload(&mut server, plan.failover_kills).await
+            }
             Ok(()) => run_workload(workload, server.endpoint(), plan, &server.pids()).await,
             Err(e) => Err(e),
         };

@@ -57,6 +57,9 @@ pub struct ServerSpec {
 /// A running server (one process per member). See the module doc for the drop invariant.
 pub struct Server {
     label: String,
+    bin: PathBuf,
+    /// Each member's command line, to restart it where it was.
+    member_args: Vec<Vec<String>>,
     /// Declared before `dir` so that a drop kills the processes before removing their files.
     children: Vec<Child>,
     /// Every member's client URL, comma-separated.
@@ -86,6 +89,7 @@ impl Server {
             .collect::<Vec<_>>()
             .join(",");
         let mut children = Vec::with_capacity(members);
+        let mut member_args = Vec::with_capacity(members);
         let mut log_paths = Vec::with_capacity(members);
         let mut endpoints = Vec::with_capacity(members);
         for (name, [client_port, peer_port]) in names.iter().zip(&ports) {
@@ -131,11 +135,14 @@ impl Server {
                 .spawn()
                 .with_context(|| format!("spawn {} ({})", spec.label, spec.bin.display()))?;
             children.push(child);
+            member_args.push(args);
             log_paths.push(log_path);
             endpoints.push(client_url);
         }
         let mut server = Self {
             label: spec.label.clone(),
+            bin: spec.bin.clone(),
+            member_args,
             children,
             endpoint: endpoints.join(","),
             log_paths,
@@ -150,6 +157,39 @@ impl Server {
 
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// Each member's client URL.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.endpoint.split(',').map(str::to_owned).collect()
+    }
+
+    /// Kills member `i` with SIGKILL, as a crash would, and reaps it.
+    pub async fn kill_member(&mut self, i: usize) -> Result<()> {
+        self.children[i]
+            .kill()
+            .await
+            .with_context(|| format!("kill {} member {i}", self.label))
+    }
+
+    /// Starts member `i` again on its data dir and ports and waits until it answers.
+    pub async fn restart_member(&mut self, i: usize) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log_paths[i])
+            .context("open server log")?;
+        let log_err = log.try_clone().context("clone server log handle")?;
+        let child = Command::new(&self.bin)
+            .args(&self.member_args[i])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("restart {} member {i}", self.label))?;
+        self.children[i] = child;
+        let endpoint = self.endpoints()[i].clone();
+        self.wait_ready(&endpoint).await
     }
 
     /// The members' process ids (those not yet reaped).

@@ -95,9 +95,12 @@ pub enum Workload {
     Txn,
     Watch,
     Range,
+    /// Clusters only: kill -9 the leader, time until a write succeeds on a survivor; repeat.
+    Failover,
 }
 
 impl Workload {
+    /// Every workload of `all` for one member (failover needs a cluster).
     pub const ALL: [Workload; 6] = [
         Workload::Put1,
         Workload::Put64,
@@ -115,6 +118,7 @@ impl Workload {
             Workload::Txn => "txn",
             Workload::Watch => "watch",
             Workload::Range => "range",
+            Workload::Failover => "failover",
         }
     }
 
@@ -125,6 +129,8 @@ impl Workload {
             Workload::Txn => "txns/s",
             Workload::Watch => "events/s",
             Workload::Range => "pages/s",
+            // One over the mean outage: above 1x in a ratio means the faster failover.
+            Workload::Failover => "failovers/s",
         }
     }
 }
@@ -143,6 +149,8 @@ pub enum Scale {
 /// Operation counts and the per-workload deadline for one scale.
 #[derive(Clone, Copy, Debug)]
 pub struct Plan {
+    /// Leader kills in the failover workload (the issue asks for the median over 10).
+    pub failover_kills: u64,
     pub put1_ops: u64,
     pub put64_ops: u64,
     pub get_ops: u64,
@@ -168,6 +176,7 @@ impl Plan {
     pub fn for_scale(scale: Scale) -> Self {
         match scale {
             Scale::Quick => Self {
+                failover_kills: 5,
                 put1_ops: 2_000,
                 put64_ops: 20_000,
                 get_ops: 20_000,
@@ -179,6 +188,7 @@ impl Plan {
                 deadline: Duration::from_secs(60),
             },
             Scale::Full => Self {
+                failover_kills: 10,
                 put1_ops: 10_000,
                 put64_ops: 100_000,
                 get_ops: 100_000,
@@ -195,6 +205,7 @@ impl Plan {
     /// The plan as JSON, for the report.
     pub fn to_json(self) -> serde_json::Value {
         serde_json::json!({
+            "failover_kills": self.failover_kills,
             "put1_ops": self.put1_ops,
             "put64_ops": self.put64_ops,
             "get_ops": self.get_ops,
@@ -240,6 +251,9 @@ pub async fn run_workload(
         Workload::Txn => txn_workload(endpoint, plan.txn_ops, deadline).await,
         Workload::Watch => watch_workload(endpoint, plan, deadline).await,
         Workload::Range => range_workload(endpoint, plan, deadline, &mut cpu).await,
+        Workload::Failover => Err(anyhow::anyhow!(
+            "failover needs the cluster's processes: run it through `compare --members 3`"
+        )),
     };
     let result = result.map(|mut r| {
         r.extras.extend(cpu.finish(r.ops));
