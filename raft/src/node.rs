@@ -72,6 +72,9 @@ enum NodeMsg {
     ReadIndex(oneshot::Sender<Result<u64, StoreError>>),
     /// A peer's connection to us closed.
     PeerDown(u64),
+    /// Leases renewed by a follower's clients; a renewal by ours, when we follow.
+    LeaseRenewals(Vec<i64>),
+    RenewLease(i64),
     /// Stop; a leader first hands leadership to the most up-to-date follower (waiting at
     /// most one election timeout), so that a rolling restart costs no election.
     Stop {
@@ -122,6 +125,11 @@ impl Replicator for RaftHandle {
 
     fn status(&self) -> ReplicaStatus {
         *self.shared.status.read()
+    }
+
+    fn renew_lease(&self, id: i64) {
+        // Best effort: a renewal lost to a full queue is repeated by the client's next one.
+        let _ = self.send(NodeMsg::RenewLease(id));
     }
 }
 
@@ -197,6 +205,7 @@ impl RaftNode {
             let msg = match received {
                 Received::Message(m) => NodeMsg::Raft(Box::new(m)),
                 Received::PeerDown(peer) => NodeMsg::PeerDown(peer),
+                Received::LeaseRenewals(ids) => NodeMsg::LeaseRenewals(ids),
             };
             !matches!(inbound_tx.try_send(msg), Err(TrySendError::Disconnected(_)))
         });
@@ -234,6 +243,7 @@ impl RaftNode {
             stopping: None,
             leaderless: Vec::new(),
             suspect: None,
+            renewals: Vec::new(),
             election: cluster.election,
         };
         let thread = std::thread::Builder::new()
@@ -303,6 +313,8 @@ struct Driver {
     leaderless: Vec<(Instant, NodeMsg)>,
     /// The leader whose connection to us dropped: campaign every tick until another leads.
     suspect: Option<u64>,
+    /// Lease renewals by our clients, passed on to the leader once per loop turn.
+    renewals: Vec<i64>,
     election: Duration,
 }
 
@@ -356,6 +368,10 @@ impl Driver {
                 break;
             }
             self.start_read_round();
+            if !self.renewals.is_empty() && self.leader != 0 {
+                let ids = std::mem::take(&mut self.renewals);
+                self.transport.send_lease_renewals(self.leader, ids);
+            }
             let now = Instant::now();
             if now >= next_tick {
                 self.raw.tick();
@@ -411,6 +427,16 @@ impl Driver {
             }
             NodeMsg::Propose { command, reply } => self.propose(command, reply),
             NodeMsg::ReadIndex(reply) => self.read_waiters.push(reply),
+            NodeMsg::LeaseRenewals(ids) => {
+                for id in ids {
+                    self.store.lease_renewed_elsewhere(id);
+                }
+            }
+            NodeMsg::RenewLease(id) => {
+                if self.leader != 0 && self.leader != self.id {
+                    self.renewals.push(id);
+                }
+            }
             NodeMsg::PeerDown(peer) => {
                 if peer == self.leader && self.raw.raft.state != StateRole::Leader {
                     info!(

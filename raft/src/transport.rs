@@ -44,6 +44,8 @@ const HELLO_BYTES: usize = 32;
 /// What the transport hands the node.
 pub enum Received {
     Message(Message),
+    /// Leases a follower's clients renewed (for the leader's lessor).
+    LeaseRenewals(Vec<i64>),
     /// The connection a peer had opened to us closed: the peer process is gone or restarting
     /// (a crashed process's sockets are closed by its kernel at once), or the link broke.
     PeerDown(u64),
@@ -53,9 +55,19 @@ pub enum Received {
 pub type Inbound = std::sync::Arc<dyn Fn(Received) -> bool + Send + Sync>;
 
 /// The sending side, cheap to share with the Raft loop.
+/// What goes to a peer.
+pub enum Outbound {
+    Raft(Message),
+    LeaseRenewals(Vec<i64>),
+}
+
+/// Frame kinds: a raft message, or lease ids renewed by a follower's clients.
+const FRAME_RAFT: u8 = 0;
+const FRAME_LEASE_RENEWALS: u8 = 1;
+
 #[derive(Clone)]
 pub struct Transport {
-    peers: HashMap<u64, mpsc::Sender<Message>>,
+    peers: HashMap<u64, mpsc::Sender<Outbound>>,
     /// The listener and sender tasks, stopped by [`Transport::shutdown`].
     tasks: std::sync::Arc<Vec<tokio::task::AbortHandle>>,
 }
@@ -105,6 +117,14 @@ impl Transport {
         })
     }
 
+    /// Passes lease renewals to `peer` (the leader); dropped if its queue is full, as the
+    /// client's next keep-alive (a third of the TTL later) renews again.
+    pub fn send_lease_renewals(&self, peer: u64, ids: Vec<i64>) {
+        if let Some(tx) = self.peers.get(&peer) {
+            let _ = tx.try_send(Outbound::LeaseRenewals(ids));
+        }
+    }
+
     /// Stops listening and sending; connections close.
     pub fn shutdown(&self) {
         for task in self.tasks.iter() {
@@ -119,7 +139,7 @@ impl Transport {
         for m in messages {
             let to = m.to;
             match self.peers.get(&to) {
-                Some(tx) if tx.try_send(m).is_ok() => {}
+                Some(tx) if tx.try_send(Outbound::Raft(m)).is_ok() => {}
                 _ => {
                     if !unreachable.contains(&to) {
                         unreachable.push(to);
@@ -145,7 +165,7 @@ async fn send_loop(
     self_id: u64,
     peer: u64,
     addr: SocketAddr,
-    mut rx: mpsc::Receiver<Message>,
+    mut rx: mpsc::Receiver<Outbound>,
 ) {
     let mut backoff = RECONNECT_BACKOFF_MIN;
     let mut buf = BytesMut::new();
@@ -187,13 +207,23 @@ async fn send_loop(
             };
             buf.clear();
             let mut next = Some(first);
-            while let Some(m) = next.take() {
-                match m.write_to_bytes() {
-                    Ok(bytes) => {
-                        buf.put_u32_le(bytes.len() as u32);
-                        buf.put_slice(&bytes);
+            while let Some(out) = next.take() {
+                match out {
+                    Outbound::Raft(m) => match m.write_to_bytes() {
+                        Ok(bytes) => {
+                            buf.put_u32_le(bytes.len() as u32 + 1);
+                            buf.put_u8(FRAME_RAFT);
+                            buf.put_slice(&bytes);
+                        }
+                        Err(e) => warn!(error = %e, "cannot encode raft message"),
+                    },
+                    Outbound::LeaseRenewals(ids) => {
+                        buf.put_u32_le(ids.len() as u32 * 8 + 1);
+                        buf.put_u8(FRAME_LEASE_RENEWALS);
+                        for id in ids {
+                            buf.put_i64_le(id);
+                        }
                     }
-                    Err(e) => warn!(error = %e, "cannot encode raft message"),
                 }
                 if buf.len() < WRITE_BATCH_BYTES {
                     next = rx.try_recv().ok();
@@ -263,7 +293,7 @@ async fn receive(
             .await
             .map_err(|e| e.to_string())?;
         let len = u32::from_le_bytes(len_buf) as usize;
-        if len > FRAME_BYTES_MAX {
+        if len == 0 || len > FRAME_BYTES_MAX {
             warn!(len, "peer sent an oversized frame; closing");
             return Err("oversized frame".into());
         }
@@ -272,7 +302,28 @@ async fn receive(
             .read_exact(&mut frame)
             .await
             .map_err(|e| e.to_string())?;
-        let message = Message::parse_from_bytes(&frame).map_err(|e| e.to_string())?;
+        let (kind, body) = (frame[0], &frame[1..]);
+        if kind == FRAME_LEASE_RENEWALS {
+            if body.len() % 8 != 0 {
+                return Err("bad lease renewal frame".into());
+            }
+            let ids = body
+                .chunks_exact(8)
+                .map(|c| {
+                    let mut word = [0u8; 8];
+                    word.copy_from_slice(c);
+                    i64::from_le_bytes(word)
+                })
+                .collect();
+            if !inbound(Received::LeaseRenewals(ids)) {
+                return Ok(());
+            }
+            continue;
+        }
+        if kind != FRAME_RAFT {
+            return Err(format!("unknown frame kind {kind}"));
+        }
+        let message = Message::parse_from_bytes(body).map_err(|e| e.to_string())?;
         if message.to != self_id || Some(message.from) != *from {
             return Err("message for another member, or from another than said hello".into());
         }

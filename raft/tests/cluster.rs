@@ -287,3 +287,55 @@ async fn a_minority_cannot_write_or_read_linearizably() {
         m.stop();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alives_on_a_follower_reach_the_leader_that_decides_expiry() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut members = cluster(root.path());
+    for m in &mut members {
+        m.start().await;
+    }
+    let leader = wait_for_leader(&members, 0).await;
+    let follower = members
+        .iter()
+        .find(|m| m.config.id != leader)
+        .expect("a follower");
+    let store = follower.store();
+    let (lease, ttl) = store.lease_grant(2, 0).await.expect("grant");
+    assert_eq!(ttl, 2);
+    store
+        .put(PutRequest {
+            key: Bytes::from_static(b"leased"),
+            value: Bytes::from_static(b"v"),
+            lease,
+            ..Default::default()
+        })
+        .await
+        .expect("put with lease");
+    // Kept alive through the follower for twice the TTL: the leader must not expire it.
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        assert!(store.lease_keep_alive(lease).is_some(), "lease vanished");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        linearizable_get(store, "leased").await.expect("read"),
+        Some(Bytes::from_static(b"v"))
+    );
+    // Left alone, it expires (the leader revokes it) and its key goes everywhere.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if linearizable_get(store, "leased")
+            .await
+            .expect("read")
+            .is_none()
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "lease never expired");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for m in &mut members {
+        m.stop();
+    }
+}

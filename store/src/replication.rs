@@ -30,6 +30,10 @@ pub trait Replicator: Send + Sync + 'static {
 
     /// The log's state as this member sees it, for `Maintenance.Status`.
     fn status(&self) -> ReplicaStatus;
+
+    /// A client renewed lease `id` on this member. Expiry is decided by the leader alone, so
+    /// a follower passes the renewal on to it (etcd forwards keep-alives to its leader too).
+    fn renew_lease(&self, id: i64);
 }
 
 /// The log's state as one member sees it.

@@ -522,7 +522,19 @@ impl Store {
 
     /// Renews a lease; `None` if it does not exist (the client then sees TTL 0).
     pub fn lease_keep_alive(&self, id: i64) -> Option<i64> {
-        self.shared.mvcc.lessor.lock().keep_alive(id)
+        let ttl = self.shared.mvcc.lessor.lock().keep_alive(id);
+        if ttl.is_some()
+            && !self.is_lease_authority()
+            && let Some(replicator) = self.shared.replicator.get()
+        {
+            replicator.renew_lease(id);
+        }
+        ttl
+    }
+
+    /// A renewal a follower passed on: moves the deadline here, where expiry is decided.
+    pub fn lease_renewed_elsewhere(&self, id: i64) {
+        let _ = self.shared.mvcc.lessor.lock().keep_alive(id);
     }
 
     /// `(remaining TTL, granted TTL, keys)`, or `None` for an unknown lease.
