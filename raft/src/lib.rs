@@ -4,7 +4,8 @@
 //! # Layout
 //! - [`config`]: the cluster description from etcd's flags (`--initial-cluster`, ...), its
 //!   validation, and the member and cluster ids derived from it.
-//! - [`log`]: the Raft log, hard state and conf state, durable in redb.
+//! - [`log`]: the Raft log, hard state and conf state on segment files (one `fdatasync` per
+//!   `Ready`).
 //! - [`transport`]: TCP between members: framed, batched, reconnecting.
 //! - [`node`]: the thread that owns the `RawNode` and handles each `Ready`; the
 //!   [`node::RaftHandle`] the store submits writes and ReadIndex rounds through.

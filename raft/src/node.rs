@@ -36,7 +36,7 @@ use tracing::{error, info, warn};
 
 use crate::config::{ClusterConfig, ClusterState};
 use crate::error::RaftError;
-use crate::log::LogStore;
+use crate::log::LogStore as RaftLog;
 use crate::transport::{Received, Transport};
 
 /// Messages (peer traffic, proposals, reads) waiting for the Raft thread. Beyond it peer
@@ -149,7 +149,7 @@ impl RaftNode {
         log_dir: &Path,
         store: Store,
     ) -> Result<RaftNode, RaftError> {
-        let log = LogStore::open(log_dir)?;
+        let log = RaftLog::open(log_dir)?;
         if !log.is_initialized() {
             match cluster.state {
                 ClusterState::New => {
@@ -289,8 +289,8 @@ impl Drop for RaftNode {
 }
 
 struct Driver {
-    raw: RawNode<LogStore>,
-    log: LogStore,
+    raw: RawNode<RaftLog>,
+    log: RaftLog,
     rx: Receiver<NodeMsg>,
     transport: Transport,
     store: Store,

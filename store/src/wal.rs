@@ -217,6 +217,25 @@ impl Wal {
         Ok(())
     }
 
+    /// Like [`Wal::append`] without the final sync: the records become durable with the next
+    /// synced append (a full segment is synced before the log moves on).
+    pub fn append_unsynced<'a>(
+        &mut self,
+        records: impl IntoIterator<Item = (u64, &'a [u8])>,
+    ) -> Result<(), StoreError> {
+        self.write(records)
+    }
+
+    /// The index of the first record held on disk in `dir` (from the oldest segment's name),
+    /// or `None` when there is no log there yet. A log whose front was released opens with
+    /// `applied` one below this.
+    pub fn first_index_on_disk(dir: &Path) -> Result<Option<u64>, StoreError> {
+        if !dir.exists() {
+            return Ok(None);
+        }
+        Ok(list_segments(dir)?.first().map(|s| s.first_index))
+    }
+
     /// Writes records with consecutive indexes following [`Wal::last_index`] without syncing
     /// the open segment (a full segment is synced before the log moves on).
     fn write<'a>(
