@@ -261,6 +261,13 @@ impl RaftNode {
         self.handle.clone()
     }
 
+    /// Fault injection for tests and the torture suite: drops all traffic between this member
+    /// and `peers` (member ids), as a network partition would; `&[]` heals. A partition
+    /// between two members is two calls, one on each side.
+    pub fn cut_off(&self, peers: &[u64]) {
+        self.transport.cut(peers);
+    }
+
     /// Stops the Raft thread and waits for it. A leader hands leadership over first (see
     /// [`RaftNode::stop_gracefully`] for the rolling-restart path); this one does not wait.
     pub fn stop(mut self) {

@@ -65,9 +65,15 @@ pub enum Outbound {
 const FRAME_RAFT: u8 = 0;
 const FRAME_LEASE_RENEWALS: u8 = 1;
 
+/// Peers cut off by fault injection (see [`Transport::cut`]).
+type Cut = std::sync::Arc<parking_lot::RwLock<std::collections::HashSet<u64>>>;
+
 #[derive(Clone)]
 pub struct Transport {
     peers: HashMap<u64, mpsc::Sender<Outbound>>,
+    /// Peers whose traffic is dropped both ways: a network partition, for tests and the
+    /// torture suite's nemesis. Empty in normal operation.
+    cut: Cut,
     /// The listener and sender tasks, stopped by [`Transport::shutdown`].
     tasks: std::sync::Arc<Vec<tokio::task::AbortHandle>>,
 }
@@ -103,8 +109,17 @@ impl Transport {
             }
         };
         info!(%listen, "listening for peers");
-        let mut tasks =
-            vec![tokio::spawn(accept_loop(listener, cluster_id, self_id, inbound)).abort_handle()];
+        let cut = Cut::default();
+        let mut tasks = vec![
+            tokio::spawn(accept_loop(
+                listener,
+                cluster_id,
+                self_id,
+                inbound,
+                cut.clone(),
+            ))
+            .abort_handle(),
+        ];
         let mut senders = HashMap::new();
         for (id, addr) in peers {
             let (tx, rx) = mpsc::channel(PEER_QUEUE_MAX);
@@ -113,6 +128,7 @@ impl Transport {
         }
         Ok(Transport {
             peers: senders,
+            cut,
             tasks: std::sync::Arc::new(tasks),
         })
     }
@@ -120,9 +136,20 @@ impl Transport {
     /// Passes lease renewals to `peer` (the leader); dropped if its queue is full, as the
     /// client's next keep-alive (a third of the TTL later) renews again.
     pub fn send_lease_renewals(&self, peer: u64, ids: Vec<i64>) {
+        if self.cut.read().contains(&peer) {
+            return;
+        }
         if let Some(tx) = self.peers.get(&peer) {
             let _ = tx.try_send(Outbound::LeaseRenewals(ids));
         }
+    }
+
+    /// Fault injection: drops all traffic to and from `peers` (replacing any earlier cut),
+    /// as a network partition would. `&[]` heals.
+    pub fn cut(&self, peers: &[u64]) {
+        let mut cut = self.cut.write();
+        cut.clear();
+        cut.extend(peers.iter().copied());
     }
 
     /// Stops listening and sending; connections close.
@@ -136,8 +163,12 @@ impl Transport {
     /// not be queued for (unknown, or their queue is full).
     pub fn send(&self, messages: Vec<Message>) -> Vec<u64> {
         let mut unreachable = Vec::new();
+        let cut = self.cut.read();
         for m in messages {
             let to = m.to;
+            if cut.contains(&to) {
+                continue;
+            }
             match self.peers.get(&to) {
                 Some(tx) if tx.try_send(Outbound::Raft(m)).is_ok() => {}
                 _ => {
@@ -237,7 +268,13 @@ async fn send_loop(
     }
 }
 
-async fn accept_loop(listener: TcpListener, cluster_id: u64, self_id: u64, inbound: Inbound) {
+async fn accept_loop(
+    listener: TcpListener,
+    cluster_id: u64,
+    self_id: u64,
+    inbound: Inbound,
+    cut: Cut,
+) {
     // Owned here so that stopping this task stops every connection it accepted.
     let mut connections = tokio::task::JoinSet::new();
     loop {
@@ -252,9 +289,11 @@ async fn accept_loop(listener: TcpListener, cluster_id: u64, self_id: u64, inbou
         };
         let _ = stream.set_nodelay(true);
         let inbound = inbound.clone();
+        let cut = cut.clone();
         connections.spawn(async move {
             let mut from = None;
-            if let Err(why) = receive(stream, cluster_id, self_id, &inbound, &mut from).await {
+            if let Err(why) = receive(stream, cluster_id, self_id, &inbound, &cut, &mut from).await
+            {
                 debug!(%remote, why, "peer connection closed");
             }
             if let Some(peer) = from {
@@ -270,6 +309,7 @@ async fn receive(
     cluster_id: u64,
     self_id: u64,
     inbound: &Inbound,
+    cut: &Cut,
     from: &mut Option<u64>,
 ) -> Result<(), String> {
     let mut hello_buf = [0u8; HELLO_BYTES];
@@ -302,6 +342,9 @@ async fn receive(
             .read_exact(&mut frame)
             .await
             .map_err(|e| e.to_string())?;
+        if from.is_some_and(|peer| cut.read().contains(&peer)) {
+            continue;
+        }
         let (kind, body) = (frame[0], &frame[1..]);
         if kind == FRAME_LEASE_RENEWALS {
             if body.len() % 8 != 0 {

@@ -339,3 +339,80 @@ async fn keep_alives_on_a_follower_reach_the_leader_that_decides_expiry() {
         m.stop();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_leader_serves_no_stale_read_and_catches_up_when_healed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut members = cluster(root.path());
+    for m in &mut members {
+        m.start().await;
+    }
+    let leader = wait_for_leader(&members, 0).await;
+    put_eventually(members[0].store(), "k", "before").await;
+    let old = members
+        .iter()
+        .position(|m| m.config.id == leader)
+        .expect("leader is a member");
+    let others: Vec<usize> = (0..3).filter(|i| *i != old).collect();
+    let other_ids: Vec<u64> = others.iter().map(|i| members[*i].config.id).collect();
+    // Cut the leader off from both followers, both ways; the links stay up, so nothing
+    // tells the followers but silence (the election timeout).
+    members[old]
+        .node
+        .as_ref()
+        .expect("running")
+        .cut_off(&other_ids);
+    for i in &others {
+        members[*i]
+            .node
+            .as_ref()
+            .expect("running")
+            .cut_off(&[leader]);
+    }
+    // The majority elects a new leader and takes a write.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let seen: Vec<u64> = others.iter().map(|i| members[*i].leader()).collect();
+        if seen[0] != 0 && seen[0] != leader && seen[0] == seen[1] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "majority elected no leader: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    put_eventually(members[others[0]].store(), "k", "after").await;
+    // The old leader, alone, must never answer a linearizable read with the old value, and
+    // cannot write.
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        match linearizable_get(members[old].store(), "k").await {
+            Ok(value) => assert_ne!(
+                value,
+                Some(Bytes::from_static(b"before")),
+                "stale linearizable read on a partitioned member"
+            ),
+            Err(StoreError::NoLeader | StoreError::Timeout | StoreError::LeaderChanged) => {}
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert!(put(members[old].store(), "k", "minority").await.is_err());
+    // Healed, it learns the new leader and catches up.
+    for m in &members {
+        m.node.as_ref().expect("running").cut_off(&[]);
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Ok(Some(value)) = linearizable_get(members[old].store(), "k").await
+            && value == Bytes::from_static(b"after")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "healed member never caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for m in &mut members {
+        m.stop();
+    }
+}
