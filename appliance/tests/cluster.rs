@@ -380,3 +380,148 @@ async fn a_rolling_restart_under_load_loses_nothing_and_reads_nothing_stale() {
     }
     drop(cluster);
 }
+
+/// Rounds of the cluster crash test: each kills one member (the leader every other round)
+/// with SIGKILL and restarts it. `SKERRY_CLUSTER_CRASH_ROUNDS` runs more.
+const CLUSTER_CRASH_ROUNDS_DEFAULT: usize = 6;
+
+/// Writes unique keys `w{id}/{n}` through any member that answers, recording each key once
+/// its put is acknowledged.
+async fn unique_writer(
+    id: usize,
+    endpoints: Vec<String>,
+    acked: Arc<std::sync::Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut n = 0u64;
+    let mut at = id;
+    while !stop.load(Ordering::Acquire) {
+        let Some(mut kv) = connect(&endpoints[at % endpoints.len()]).await else {
+            at += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        while !stop.load(Ordering::Acquire) {
+            let key = format!("w{id}/{n:08}");
+            let req = PutRequest {
+                key: Bytes::from(key.clone()),
+                value: Bytes::from_static(b"v"),
+                ..Default::default()
+            };
+            match kv.put(req).await {
+                Ok(_) => {
+                    acked.lock().expect("acked list").push(key);
+                    n += 1;
+                }
+                Err(_) => {
+                    // Unknown outcome: the next attempt uses a new key, so a write that did
+                    // land is simply an extra key, never a lost one.
+                    n += 1;
+                    at += 1;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_killed_again_and_again_lose_no_acknowledged_write() {
+    let rounds = std::env::var("SKERRY_CLUSTER_CRASH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CLUSTER_CRASH_ROUNDS_DEFAULT);
+    let cluster = tokio::task::spawn_blocking(|| {
+        let cluster = Cluster::start();
+        cluster.wait_for_leader(None);
+        cluster
+    })
+    .await
+    .expect("start");
+    let endpoints: Vec<String> = (0..3).map(|i| cluster.member(i).endpoint()).collect();
+    let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..8)
+        .map(|id| {
+            tokio::spawn(unique_writer(
+                id,
+                endpoints.clone(),
+                acked.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    let cluster = tokio::task::spawn_blocking(move || {
+        let mut cluster = cluster;
+        for round in 0..rounds {
+            std::thread::sleep(Duration::from_millis(400));
+            let victim = if round % 2 == 0 {
+                cluster.wait_for_leader(None)
+            } else {
+                (round / 2) % 3
+            };
+            let killed = cluster.members[victim].take().expect("running").kill();
+            assert!(!killed.success());
+            std::thread::sleep(Duration::from_millis(300));
+            cluster.start_member(victim);
+        }
+        cluster.wait_for_leader(None);
+        cluster
+    })
+    .await
+    .expect("crash rounds");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Release);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let acked = acked.lock().expect("acked list").clone();
+    assert!(!acked.is_empty(), "no write was acknowledged");
+    // Every member, once it has applied everything, holds every acknowledged key.
+    for endpoint in &endpoints {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let mut kv = connect(endpoint).await.expect("connect");
+            // Linearizable first (waits until this member has applied the leader's commit),
+            // then everything it holds locally.
+            let _ = kv
+                .range(RangeRequest {
+                    key: Bytes::from_static(b"w0/"),
+                    ..Default::default()
+                })
+                .await;
+            let resp = kv
+                .range(RangeRequest {
+                    key: Bytes::from_static(b"w"),
+                    range_end: Bytes::from_static(b"x"),
+                    keys_only: true,
+                    serializable: true,
+                    ..Default::default()
+                })
+                .await
+                .expect("range")
+                .into_inner();
+            let held: std::collections::HashSet<Bytes> =
+                resp.kvs.into_iter().map(|kv| kv.key).collect();
+            let missing: Vec<&String> = acked
+                .iter()
+                .filter(|k| !held.contains(k.as_bytes()))
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{endpoint} lacks {} acknowledged writes, e.g. {:?}",
+                missing.len(),
+                &missing[..missing.len().min(5)]
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    eprintln!(
+        "cluster crash test: {rounds} kills, {} acknowledged writes, all on every member",
+        acked.len()
+    );
+    drop(cluster);
+}
