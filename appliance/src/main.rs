@@ -112,6 +112,17 @@ struct ServerArgs {
     /// Time a follower waits for a heartbeat before it stands for election, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     election_timeout: u64,
+    /// This member's peer certificate (PEM), for https:// peer URLs: presented to peers both
+    /// as a server and as a client, so it needs both key usages.
+    #[arg(long)]
+    peer_cert_file: Option<PathBuf>,
+    /// The private key of --peer-cert-file (PEM).
+    #[arg(long)]
+    peer_key_file: Option<PathBuf>,
+    /// The CA (PEM) that signs every member's peer certificate; peers signed by others are
+    /// refused.
+    #[arg(long)]
+    peer_trusted_ca_file: Option<PathBuf>,
 }
 
 /// Where a cluster member keeps its Raft log, inside the data dir.
@@ -126,6 +137,7 @@ fn cluster_config(args: &ServerArgs) -> Result<Option<ClusterConfig>> {
                 "--initial-advertise-peer-urls",
                 args.initial_advertise_peer_urls.is_some(),
             ),
+            ("--peer-cert-file", args.peer_cert_file.is_some()),
         ] {
             if given {
                 bail!("{flag} needs --initial-cluster");
@@ -158,6 +170,19 @@ fn cluster_config(args: &ServerArgs) -> Result<Option<ClusterConfig>> {
         Some(listen) => listen.clone(),
         None => own_urls.join(","),
     };
+    let peer_tls = match (
+        &args.peer_cert_file,
+        &args.peer_key_file,
+        &args.peer_trusted_ca_file,
+    ) {
+        (None, None, None) => None,
+        (Some(cert), Some(key), Some(ca)) => Some(skerry_raft::tls::PeerTlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            trusted_ca: ca.clone(),
+        }),
+        _ => bail!("--peer-cert-file, --peer-key-file and --peer-trusted-ca-file go together"),
+    };
     let config = ClusterConfig::new(
         &args.name,
         initial,
@@ -166,7 +191,8 @@ fn cluster_config(args: &ServerArgs) -> Result<Option<ClusterConfig>> {
         &listen,
         Duration::from_millis(args.heartbeat_interval),
         Duration::from_millis(args.election_timeout),
-    )?;
+    )?
+    .with_peer_tls(peer_tls)?;
     Ok(Some(config))
 }
 

@@ -71,6 +71,10 @@ pub struct ClusterConfig {
     pub listen_peer: SocketAddr,
     pub heartbeat: Duration,
     pub election: Duration,
+    /// The peer URLs are `https://`: members speak mutual TLS (see [`crate::tls`]).
+    pub peer_https: bool,
+    /// The peer TLS files, required exactly when `peer_https`.
+    pub peer_tls: Option<crate::tls::PeerTlsFiles>,
 }
 
 impl ClusterConfig {
@@ -107,6 +111,7 @@ impl ClusterConfig {
             )));
         }
         let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut schemes = std::collections::BTreeSet::new();
         for item in initial_cluster.split(',').filter(|s| !s.is_empty()) {
             let (member, url) = item.split_once('=').ok_or_else(|| {
                 RaftError::Config(format!(
@@ -114,6 +119,7 @@ impl ClusterConfig {
                 ))
             })?;
             peer_addr(url, "--initial-cluster")?;
+            schemes.insert(url.starts_with("https://"));
             by_name
                 .entry(member.to_string())
                 .or_default()
@@ -154,6 +160,13 @@ impl ClusterConfig {
             .find(|s| !s.is_empty())
             .ok_or_else(|| RaftError::Config("--listen-peer-urls is empty".into()))?;
         let listen_peer = peer_addr(listen, "--listen-peer-urls")?;
+        schemes.insert(listen.starts_with("https://"));
+        if schemes.len() > 1 {
+            return Err(RaftError::Config(
+                "peer URLs mix http:// and https://; use one scheme for every member".into(),
+            ));
+        }
+        let peer_https = schemes.contains(&true);
         let cluster_id = cluster_id(members.keys().copied());
         Ok(ClusterConfig {
             id: me.id,
@@ -164,7 +177,31 @@ impl ClusterConfig {
             listen_peer,
             heartbeat,
             election,
+            peer_https,
+            peer_tls: None,
         })
+    }
+
+    /// Adds the peer TLS files (`--peer-cert-file`, `--peer-key-file`,
+    /// `--peer-trusted-ca-file`): required with `https://` peer URLs, refused without.
+    pub fn with_peer_tls(
+        mut self,
+        files: Option<crate::tls::PeerTlsFiles>,
+    ) -> Result<ClusterConfig, RaftError> {
+        match (self.peer_https, files.is_some()) {
+            (true, false) => Err(RaftError::Config(
+                "https:// peer URLs need --peer-cert-file, --peer-key-file and \
+                 --peer-trusted-ca-file"
+                    .into(),
+            )),
+            (false, true) => Err(RaftError::Config(
+                "--peer-cert-file and friends need https:// peer URLs".into(),
+            )),
+            _ => {
+                self.peer_tls = files;
+                Ok(self)
+            }
+        }
     }
 
     /// Ticks between elections, for raft-rs (one tick per heartbeat).
@@ -187,15 +224,12 @@ impl ClusterConfig {
     }
 }
 
-/// A peer URL's socket address. `http://` only for now; `https://` needs the peer TLS flags.
+/// A peer URL's socket address (`http://` or, with peer TLS, `https://`).
 pub fn peer_addr(url: &str, flag: &str) -> Result<SocketAddr, RaftError> {
     let rest = if let Some(rest) = url.strip_prefix("http://") {
         rest
-    } else if url.starts_with("https://") {
-        return Err(RaftError::Config(format!(
-            "{flag}: {url}: https peer URLs need --peer-cert-file, which skerry does not \
-             support yet; use http://"
-        )));
+    } else if let Some(rest) = url.strip_prefix("https://") {
+        rest
     } else {
         return Err(RaftError::Config(format!(
             "{flag}: {url} is not a URL like http://10.0.0.1:2380"
@@ -307,8 +341,19 @@ mod tests {
                 HEARTBEAT_INTERVAL_DEFAULT,
                 ELECTION_TIMEOUT_DEFAULT
             ))
-            .contains("https")
+            .contains("mix")
         );
+        let https = ClusterConfig::new(
+            "n1",
+            "n1=https://127.0.0.1:2380",
+            CLUSTER_TOKEN_DEFAULT,
+            ClusterState::New,
+            "https://127.0.0.1:2380",
+            HEARTBEAT_INTERVAL_DEFAULT,
+            ELECTION_TIMEOUT_DEFAULT,
+        )
+        .expect("https config");
+        assert!(err(https.with_peer_tls(None)).contains("--peer-cert-file"));
         assert!("maybe".parse::<ClusterState>().is_err());
     }
 }

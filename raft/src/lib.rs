@@ -6,7 +6,8 @@
 //!   validation, and the member and cluster ids derived from it.
 //! - [`log`]: the Raft log, hard state and conf state on segment files (one `fdatasync` per
 //!   `Ready`).
-//! - [`transport`]: TCP between members: framed, batched, reconnecting.
+//! - [`transport`]: TCP between members: framed, batched, reconnecting; [`tls`]: mutual TLS
+//!   for it.
 //! - [`node`]: the thread that owns the `RawNode` and handles each `Ready`; the
 //!   [`node::RaftHandle`] the store submits writes and ReadIndex rounds through.
 //!
@@ -20,6 +21,7 @@ pub mod error;
 pub mod log;
 mod logger;
 pub mod node;
+pub mod tls;
 pub mod transport;
 
 pub use config::{ClusterConfig, ClusterState};

@@ -215,6 +215,15 @@ impl RaftNode {
             cluster.listen_peer,
             cluster.peer_addrs()?,
             inbound,
+            match (&cluster.peer_tls, cluster.peer_https) {
+                (Some(files), true) => Some(crate::tls::PeerTls::load(files)?),
+                (None, false) => None,
+                _ => {
+                    return Err(RaftError::Config(
+                        "https:// peer URLs and the peer TLS files go together".into(),
+                    ));
+                }
+            },
         )
         .await?;
         let shared = Arc::new(Shared::default());

@@ -15,12 +15,13 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use protobuf::Message as _;
 use raft::eraftpb::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::error::RaftError;
+use crate::tls::PeerTls;
 
 /// Messages queued for one peer. At 10 heartbeats a second plus appends this is seconds of
 /// traffic; beyond it the peer is not keeping up and raft-rs is better told so.
@@ -90,6 +91,7 @@ impl Transport {
         listen: SocketAddr,
         peers: Vec<(u64, SocketAddr)>,
         inbound: Inbound,
+        tls: Option<PeerTls>,
     ) -> Result<Transport, RaftError> {
         let deadline = std::time::Instant::now() + BIND_RETRY_FOR;
         let listener = loop {
@@ -117,13 +119,17 @@ impl Transport {
                 self_id,
                 inbound,
                 cut.clone(),
+                tls.clone(),
             ))
             .abort_handle(),
         ];
         let mut senders = HashMap::new();
         for (id, addr) in peers {
             let (tx, rx) = mpsc::channel(PEER_QUEUE_MAX);
-            tasks.push(tokio::spawn(send_loop(cluster_id, self_id, id, addr, rx)).abort_handle());
+            tasks.push(
+                tokio::spawn(send_loop(cluster_id, self_id, id, addr, rx, tls.clone()))
+                    .abort_handle(),
+            );
             senders.insert(id, tx);
         }
         Ok(Transport {
@@ -197,6 +203,7 @@ async fn send_loop(
     peer: u64,
     addr: SocketAddr,
     mut rx: mpsc::Receiver<Outbound>,
+    tls: Option<PeerTls>,
 ) {
     let mut backoff = RECONNECT_BACKOFF_MIN;
     let mut buf = BytesMut::new();
@@ -222,7 +229,23 @@ async fn send_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let mut stream = stream;
+        let mut stream: Box<dyn AsyncWrite + Unpin + Send> = match &tls {
+            None => Box::new(stream),
+            Some(tls) => {
+                // The peer's certificate must be valid for the IP its peer URL names.
+                let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
+                match tls.connector.connect(name, stream).await {
+                    Ok(stream) => Box::new(stream),
+                    Err(e) => {
+                        warn!(peer = format_args!("{peer:x}"), %addr, error = %e, "peer TLS handshake failed");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
+                        while rx.try_recv().is_ok() {}
+                        continue;
+                    }
+                }
+            }
+        };
         if stream
             .write_all(&hello(cluster_id, self_id, peer))
             .await
@@ -260,7 +283,12 @@ async fn send_loop(
                     next = rx.try_recv().ok();
                 }
             }
-            if let Err(e) = stream.write_all(&buf).await {
+            if let Err(e) = async {
+                stream.write_all(&buf).await?;
+                stream.flush().await
+            }
+            .await
+            {
                 debug!(peer = format_args!("{peer:x}"), error = %e, "peer connection lost");
                 continue 'connect;
             }
@@ -274,6 +302,7 @@ async fn accept_loop(
     self_id: u64,
     inbound: Inbound,
     cut: Cut,
+    tls: Option<PeerTls>,
 ) {
     // Owned here so that stopping this task stops every connection it accepted.
     let mut connections = tokio::task::JoinSet::new();
@@ -290,7 +319,18 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let inbound = inbound.clone();
         let cut = cut.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
+            let stream: Box<dyn AsyncRead + Unpin + Send> = match tls {
+                None => Box::new(stream),
+                Some(tls) => match tls.acceptor.accept(stream).await {
+                    Ok(stream) => Box::new(stream),
+                    Err(e) => {
+                        warn!(%remote, error = %e, "refused a peer: TLS handshake failed");
+                        return;
+                    }
+                },
+            };
             let mut from = None;
             if let Err(why) = receive(stream, cluster_id, self_id, &inbound, &cut, &mut from).await
             {
@@ -305,7 +345,7 @@ async fn accept_loop(
 
 /// Reads one peer connection until it closes; `from` learns the peer's id from its hello.
 async fn receive(
-    mut stream: TcpStream,
+    mut stream: Box<dyn AsyncRead + Unpin + Send>,
     cluster_id: u64,
     self_id: u64,
     inbound: &Inbound,

@@ -65,12 +65,16 @@ impl Member {
 }
 
 fn cluster(root: &Path) -> Vec<Member> {
+    cluster_with_scheme(root, "http")
+}
+
+fn cluster_with_scheme(root: &Path, scheme: &str) -> Vec<Member> {
     let names = ["n1", "n2", "n3"];
     let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
     let initial = names
         .iter()
         .zip(&ports)
-        .map(|(n, p)| format!("{n}=http://127.0.0.1:{p}"))
+        .map(|(n, p)| format!("{n}={scheme}://127.0.0.1:{p}"))
         .collect::<Vec<_>>()
         .join(",");
     names
@@ -82,7 +86,7 @@ fn cluster(root: &Path) -> Vec<Member> {
                 &initial,
                 "test-cluster",
                 ClusterState::New,
-                &format!("http://127.0.0.1:{port}"),
+                &format!("{scheme}://127.0.0.1:{port}"),
                 HEARTBEAT,
                 ELECTION,
             )
@@ -412,6 +416,100 @@ async fn a_partitioned_leader_serves_no_stale_read_and_catches_up_when_healed() 
         assert!(Instant::now() < deadline, "healed member never caught up");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    for m in &mut members {
+        m.stop();
+    }
+}
+
+/// Writes a CA-signed certificate for 127.0.0.1 (server and client use) and its key; returns
+/// their paths.
+fn member_cert(
+    dir: &Path,
+    name: &str,
+    issuer: &rcgen::Issuer<'_, rcgen::KeyPair>,
+) -> (PathBuf, PathBuf) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("params");
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let cert = params.signed_by(&key, issuer).expect("sign");
+    let cert_path = dir.join(format!("{name}.crt"));
+    let key_path = dir.join(format!("{name}.key"));
+    std::fs::write(&cert_path, cert.pem()).expect("write cert");
+    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+    (cert_path, key_path)
+}
+
+/// A CA: its certificate written to `dir/{name}.crt`, and the issuer that signs with it.
+fn ca(dir: &Path, name: &str) -> (PathBuf, rcgen::Issuer<'static, rcgen::KeyPair>) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("{name} CA"));
+    let cert = params.self_signed(&key).expect("self-sign");
+    let path = dir.join(format!("{name}.crt"));
+    std::fs::write(&path, cert.pem()).expect("write ca");
+    (path, rcgen::Issuer::new(params, key))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_speak_mutual_tls_and_a_member_with_a_foreign_certificate_is_shut_out() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let pki = root.path().join("pki");
+    std::fs::create_dir_all(&pki).expect("pki dir");
+    let (cluster_ca, cluster_issuer) = ca(&pki, "cluster");
+    let (_, rogue_issuer) = ca(&pki, "rogue");
+    let mut members = cluster_with_scheme(root.path(), "https");
+    for (i, m) in members.iter_mut().enumerate() {
+        // The third member's certificate comes from another CA (it trusts the cluster's).
+        let issuer = if i == 2 {
+            &rogue_issuer
+        } else {
+            &cluster_issuer
+        };
+        let (cert, key) = member_cert(&pki, &format!("m{i}"), issuer);
+        m.config = m
+            .config
+            .clone()
+            .with_peer_tls(Some(skerry_raft::tls::PeerTlsFiles {
+                cert,
+                key,
+                trusted_ca: cluster_ca.clone(),
+            }))
+            .expect("tls config");
+    }
+    for m in &mut members {
+        m.start().await;
+    }
+    // The two members with cluster certificates are a quorum: they elect a leader between
+    // them and take writes; the third never hears from them.
+    let deadline = Instant::now() + WAIT;
+    let leader = loop {
+        let (a, b) = (members[0].leader(), members[1].leader());
+        if a != 0 && a == b {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "no leader over TLS");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_ne!(leader, members[2].config.id);
+    put_eventually(members[0].store(), "secret", "v").await;
+    assert_eq!(
+        linearizable_get(members[1].store(), "secret")
+            .await
+            .expect("read"),
+        Some(Bytes::from_static(b"v"))
+    );
+    tokio::time::sleep(ELECTION).await;
+    assert_eq!(members[2].leader(), 0, "the rogue member heard a leader");
+    assert!(
+        members[2].store().applied_index() < members[0].store().applied_index(),
+        "the rogue member received entries"
+    );
     for m in &mut members {
         m.stop();
     }
