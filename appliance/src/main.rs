@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+mod tls;
+
 use skerry_raft::{ClusterConfig, ClusterState, RaftNode};
 use skerry_store::grpc::authority::AuthorityFix;
 use skerry_store::grpc::{EtcdApi, MemberInfo, router};
@@ -123,6 +125,18 @@ struct ServerArgs {
     /// refused.
     #[arg(long)]
     peer_trusted_ca_file: Option<PathBuf>,
+    /// The server certificate (PEM) for https:// client URLs.
+    #[arg(long)]
+    cert_file: Option<PathBuf>,
+    /// The private key of --cert-file (PEM).
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+    /// The CA (PEM) that client certificates must be signed by (with --client-cert-auth).
+    #[arg(long)]
+    trusted_ca_file: Option<PathBuf>,
+    /// Require clients to present a certificate signed by --trusted-ca-file.
+    #[arg(long)]
+    client_cert_auth: bool,
 }
 
 /// Where a cluster member keeps its Raft log, inside the data dir.
@@ -248,6 +262,26 @@ fn server(args: ServerArgs) -> Result<()> {
     for url in &advertise {
         parse_client_url(url).with_context(|| format!("--advertise-client-urls {url}"))?;
     }
+    let https = args
+        .listen_client_urls
+        .iter()
+        .any(|url| url.starts_with("https://"));
+    let client_tls = match (&args.cert_file, &args.key_file, https) {
+        (Some(cert), Some(key), true) => Some(tls::acceptor(
+            cert,
+            key,
+            args.trusted_ca_file.as_deref(),
+            args.client_cert_auth,
+        )?),
+        (None, None, false) => {
+            if args.client_cert_auth || args.trusted_ca_file.is_some() {
+                bail!("--client-cert-auth and --trusted-ca-file need https:// client URLs");
+            }
+            None
+        }
+        (_, _, true) => bail!("https:// client URLs need --cert-file and --key-file"),
+        (_, _, false) => bail!("--cert-file and --key-file need https:// client URLs"),
+    };
     let cluster = cluster_config(&args)?;
     let data_dir = match args.data_dir.clone() {
         Some(dir) => dir,
@@ -322,18 +356,27 @@ fn server(args: ServerArgs) -> Result<()> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut servers = Vec::new();
         for (url, listener) in args.listen_client_urls.iter().zip(listeners) {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
-                conn.map(|stream| {
-                    // Requests are small and latency-bound: do not wait to coalesce segments.
-                    let _ = stream.set_nodelay(true);
-                    AuthorityFix::new(stream)
-                })
-            });
             let mut stop = stop_rx.clone();
-            let serve = router(api.clone()).serve_with_incoming_shutdown(incoming, async move {
+            let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
-            });
-            servers.push(tokio::spawn(serve));
+            };
+            if let (true, Some(acceptor)) = (url.starts_with("https://"), client_tls.clone()) {
+                let incoming = tls_incoming(listener, acceptor);
+                let serve = router(api.clone()).serve_with_incoming_shutdown(incoming, shutdown);
+                servers.push(tokio::spawn(serve));
+            } else {
+                let incoming =
+                    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
+                        conn.map(|stream| {
+                            // Requests are small and latency-bound: do not wait to coalesce
+                            // segments.
+                            let _ = stream.set_nodelay(true);
+                            AuthorityFix::new(stream)
+                        })
+                    });
+                let serve = router(api.clone()).serve_with_incoming_shutdown(incoming, shutdown);
+                servers.push(tokio::spawn(serve));
+            }
             println!(
                 "skerry: serving etcd v3 API on {url} (data dir {})",
                 data_dir.display()
@@ -360,6 +403,49 @@ fn server(args: ServerArgs) -> Result<()> {
         Ok::<(), anyhow::Error>(())
     })
 }
+
+/// Accepts TCP connections and runs each TLS handshake in its own task (bounded by
+/// [`tls::HANDSHAKE_TIMEOUT`]); finished connections come out of the returned stream.
+fn tls_incoming(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<AuthorityFix<tls::TlsConn>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(TLS_ACCEPTED_QUEUE);
+    tokio::spawn(async move {
+        loop {
+            let (stream, remote) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, "client accept failed");
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let conn_tx = tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = conn_tx
+                            .send(Ok(AuthorityFix::new(tls::TlsConn(stream))))
+                            .await;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(%remote, error = %e, "client TLS handshake failed")
+                    }
+                    Err(_) => tracing::debug!(%remote, "client TLS handshake timed out"),
+                }
+            });
+            if tx.is_closed() {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// Connections whose handshake finished, waiting for the gRPC server to take them.
+const TLS_ACCEPTED_QUEUE: usize = 128;
 
 /// How long open streams (watches, keep-alives) get to finish at shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -391,11 +477,8 @@ fn parse_client_url(url: &str) -> Result<SocketAddr> {
         bail!("not a URL: expected http://IP:PORT");
     };
     match scheme {
-        "http" => {}
-        "https" => bail!(
-            "https needs client TLS (--cert-file/--key-file), which arrives with the Raft issue"
-        ),
-        other => bail!("unsupported scheme {other:?}: expected http"),
+        "http" | "https" => {}
+        other => bail!("unsupported scheme {other:?}: expected http or https"),
     }
     let host_port = rest.trim_end_matches('/');
     if host_port.contains('/') {
@@ -450,7 +533,7 @@ mod tests {
         assert!(parse_client_url("127.0.0.1:2379").is_err());
         assert!(parse_client_url("http://127.0.0.1").is_err());
         assert!(parse_client_url("ftp://127.0.0.1:1").is_err());
-        assert!(parse_client_url("https://127.0.0.1:2379").is_err());
+        assert!(parse_client_url("https://127.0.0.1:2379").is_ok());
     }
 
     #[test]

@@ -67,7 +67,7 @@ impl Server {
     /// If the server exits or does not become ready within [`READY_TIMEOUT`], with its logs.
     pub fn start_with_args(data_dir: &Path, extra_args: &[&str]) -> Server {
         for _ in 0..START_ATTEMPTS_MAX {
-            match Self::try_start(data_dir, free_port(), extra_args) {
+            match Self::try_start_with_scheme(data_dir, "http", free_port(), extra_args) {
                 Ok(server) => return server,
                 Err(StartError::PortTaken) => continue,
             }
@@ -81,14 +81,34 @@ impl Server {
     /// # Panics
     /// If the port is taken, the server exits, or it does not become ready in time.
     pub fn start_on_port(data_dir: &Path, port: u16, extra_args: &[&str]) -> Server {
-        match Self::try_start(data_dir, port, extra_args) {
+        match Self::try_start_with_scheme(data_dir, "http", port, extra_args) {
             Ok(server) => server,
             Err(StartError::PortTaken) => panic!("client port {port} is taken"),
         }
     }
 
-    fn try_start(data_dir: &Path, port: u16, extra_args: &[&str]) -> Result<Server, StartError> {
-        let url = format!("http://127.0.0.1:{port}");
+    /// Like [`Server::start_with_args`] with an `https://` client URL (pass the TLS flags in
+    /// `extra_args`).
+    ///
+    /// # Panics
+    /// If the server exits or does not become ready in time.
+    pub fn start_https(data_dir: &Path, extra_args: &[&str]) -> Server {
+        for _ in 0..START_ATTEMPTS_MAX {
+            match Self::try_start_with_scheme(data_dir, "https", free_port(), extra_args) {
+                Ok(server) => return server,
+                Err(StartError::PortTaken) => continue,
+            }
+        }
+        panic!("could not start skerry: the port was taken {START_ATTEMPTS_MAX} times");
+    }
+
+    fn try_start_with_scheme(
+        data_dir: &Path,
+        scheme: &str,
+        port: u16,
+        extra_args: &[&str],
+    ) -> Result<Server, StartError> {
+        let url = format!("{scheme}://127.0.0.1:{port}");
         let mut child = Command::new(env!("CARGO_BIN_EXE_skerry"))
             .arg("server")
             .arg("--data-dir")

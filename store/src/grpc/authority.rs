@@ -373,8 +373,10 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<IO> {
     }
 }
 
-impl tonic::transport::server::Connected for AuthorityFix<tokio::net::TcpStream> {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected
+    for AuthorityFix<IO>
+{
+    type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.inner.connect_info()

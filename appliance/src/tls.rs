@@ -1,0 +1,124 @@
+//! Client TLS for the etcd API (`https://` client URLs): `--cert-file`, `--key-file`, and with
+//! `--client-cert-auth` client certificates checked against `--trusted-ca-file`, as etcd
+//! names them.
+//!
+//! Handshakes run in their own tasks, so a slow or silent client never holds up the accept
+//! loop; finished connections go to the gRPC server through a channel.
+
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use anyhow::{Context as _, Result, bail};
+use rustls::RootCertStore;
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+/// How long a client gets to finish its TLS handshake before the connection is dropped.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn certs(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .with_context(|| format!("{flag} {}", path.display()))?
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("{flag} {}", path.display()))?;
+    if certs.is_empty() {
+        bail!("{flag} {}: no PEM certificate in it", path.display());
+    }
+    Ok(certs)
+}
+
+/// The acceptor for client connections, ALPN `h2` (gRPC).
+pub fn acceptor(
+    cert: &Path,
+    key: &Path,
+    trusted_ca: Option<&Path>,
+    client_cert_auth: bool,
+) -> Result<TlsAcceptor> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = certs(cert, "--cert-file")?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("--key-file {}", key.display()))?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .context("client TLS")?;
+    let builder = if client_cert_auth {
+        let Some(ca) = trusted_ca else {
+            bail!("--client-cert-auth needs --trusted-ca-file");
+        };
+        let mut roots = RootCertStore::empty();
+        for c in certs(ca, "--trusted-ca-file")? {
+            roots
+                .add(c)
+                .with_context(|| format!("--trusted-ca-file {}", ca.display()))?;
+        }
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .context("--trusted-ca-file")?;
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .context("--cert-file and --key-file do not make a usable pair")?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// A client connection after its TLS handshake, as the gRPC server takes it.
+pub struct TlsConn(pub TlsStream<TcpStream>);
+
+impl AsyncRead for TlsConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+}
+
+impl tonic::transport::server::Connected for TlsConn {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.0.get_ref().0.connect_info()
+    }
+}

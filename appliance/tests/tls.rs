@@ -1,0 +1,152 @@
+//! The etcd API over TLS with the real etcdctl: `https://` client URLs with `--cert-file` and
+//! `--key-file`, and with `--client-cert-auth` a client certificate signed by
+//! `--trusted-ca-file` required. Certificates are made here with rcgen.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::Server;
+
+fn write_cert(
+    dir: &Path,
+    name: &str,
+    params: rcgen::CertificateParams,
+    issuer: Option<&rcgen::Issuer<'_, rcgen::KeyPair>>,
+) -> (PathBuf, PathBuf, rcgen::KeyPair, rcgen::CertificateParams) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = match issuer {
+        Some(issuer) => params.signed_by(&key, issuer).expect("sign"),
+        None => params.self_signed(&key).expect("self-sign"),
+    };
+    let cert_path = dir.join(format!("{name}.crt"));
+    let key_path = dir.join(format!("{name}.key"));
+    std::fs::write(&cert_path, cert.pem()).expect("write cert");
+    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+    (cert_path, key_path, key, params)
+}
+
+fn leaf(san: &str, usage: rcgen::ExtendedKeyUsagePurpose) -> rcgen::CertificateParams {
+    let mut params = rcgen::CertificateParams::new(vec![san.to_string()]).expect("params");
+    params.extended_key_usages = vec![usage];
+    params
+}
+
+fn etcdctl(args: &[&str]) -> std::process::Output {
+    Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg("--command-timeout=5s")
+        .args(args)
+        .output()
+        .expect("run etcdctl")
+}
+
+#[test]
+fn etcdctl_speaks_tls_and_a_client_without_a_certificate_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = dir.path();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let (ca, _, ca_key, ca_params) = write_cert(pki, "ca", ca_params, None);
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let (server_cert, server_key, ..) = write_cert(
+        pki,
+        "server",
+        leaf("127.0.0.1", rcgen::ExtendedKeyUsagePurpose::ServerAuth),
+        Some(&issuer),
+    );
+    let (client_cert, client_key, ..) = write_cert(
+        pki,
+        "client",
+        leaf("client", rcgen::ExtendedKeyUsagePurpose::ClientAuth),
+        Some(&issuer),
+    );
+    let arg = |p: &PathBuf| p.display().to_string();
+    let (server_cert, server_key, ca, client_cert, client_key) = (
+        arg(&server_cert),
+        arg(&server_key),
+        arg(&ca),
+        arg(&client_cert),
+        arg(&client_key),
+    );
+    let server = Server::start_https(
+        &dir.path().join("data"),
+        &[
+            "--cert-file",
+            &server_cert,
+            "--key-file",
+            &server_key,
+            "--trusted-ca-file",
+            &ca,
+            "--client-cert-auth",
+        ],
+    );
+    let endpoint = format!("https://127.0.0.1:{}", server.port());
+    let tls = [
+        "--endpoints",
+        endpoint.as_str(),
+        "--cacert",
+        ca.as_str(),
+        "--cert",
+        client_cert.as_str(),
+        "--key",
+        client_key.as_str(),
+    ];
+    let put = etcdctl(&[&tls[..], &["put", "k", "over-tls"]].concat());
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let get = etcdctl(&[&tls[..], &["get", "k", "--print-value-only"]].concat());
+    assert_eq!(String::from_utf8_lossy(&get.stdout), "over-tls\n");
+    // Without a client certificate the handshake fails.
+    let anonymous = etcdctl(&[
+        "--endpoints",
+        endpoint.as_str(),
+        "--cacert",
+        ca.as_str(),
+        "get",
+        "k",
+    ]);
+    assert!(!anonymous.status.success());
+    // Plain http on the TLS port gets nothing either.
+    let plain = etcdctl(&[
+        "--endpoints",
+        &format!("127.0.0.1:{}", server.port()),
+        "get",
+        "k",
+    ]);
+    assert!(!plain.status.success());
+}
+
+#[test]
+fn tls_flags_without_https_urls_and_the_reverse_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
+        .args([
+            "server",
+            "--data-dir",
+            &dir.path().join("d").display().to_string(),
+            "--listen-client-urls",
+            "https://127.0.0.1:1",
+        ])
+        .output()
+        .expect("run skerry");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--cert-file"));
+    let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
+        .args([
+            "server",
+            "--data-dir",
+            &dir.path().join("d").display().to_string(),
+            "--listen-client-urls",
+            "http://127.0.0.1:1",
+            "--client-cert-auth",
+        ])
+        .output()
+        .expect("run skerry");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("https"));
+}
