@@ -48,7 +48,7 @@ use tokio::time::{Instant, timeout};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
-use loadgen::failover::failover_workload;
+use loadgen::failover::{Fault, failover_workload};
 use loadgen::report::Report;
 use loadgen::server::{Flavor, Server, ServerSpec};
 use loadgen::workloads::{Plan, Scale, Workload, run_workload};
@@ -208,8 +208,9 @@ async fn compare(args: CompareArgs) -> Result<ExitCode> {
         && args.selection.all_requested()
         && !workloads.contains(&Workload::Failover)
     {
-        // A cluster's `all` includes the failover measurement.
+        // A cluster's `all` includes the failover measurements.
         workloads.push(Workload::Failover);
+        workloads.push(Workload::FailoverFreeze);
     }
     for bin in [&args.skerry_bin, &args.etcd_bin] {
         std::fs::metadata(bin).with_context(|| format!("find server binary {}", bin.display()))?;
@@ -306,7 +307,10 @@ async fn run_target(
     for &workload in workloads {
         let outcome = match server.check_alive() {
             Ok(()) if workload == Workload::Failover => {
-                failover_workload(&mut server, plan.failover_kills).await
+                failover_workload(&mut server, plan.failover_kills, Fault::Kill).await
+            }
+            Ok(()) if workload == Workload::FailoverFreeze => {
+                failover_workload(&mut server, plan.failover_kills, Fault::Freeze).await
             }
             Ok(()) => run_workload(workload, server.endpoint(), plan, &server.pids()).await,
             Err(e) => Err(e),

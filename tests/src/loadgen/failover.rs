@@ -1,5 +1,6 @@
-//! The failover measurement: in a running cluster, kill -9 the leader and time how long until
-//! a write succeeds on a survivor; restart the killed member, let it catch up, repeat.
+//! The failover measurements: in a running cluster, take the leader away (kill -9, or freeze
+//! it with SIGSTOP so its connections stay open and silent, as a hung or unplugged box's do)
+//! and time how long until a write succeeds on another member; bring it back, repeat.
 //!
 //! Measured the same way for skerry and etcd, with each one's default timeouts (heartbeat
 //! 100 ms, election 1 s). A write attempt that gets no answer within [`ATTEMPT_TIMEOUT`] is
@@ -63,8 +64,22 @@ async fn leader(server: &Server, alive: &[bool]) -> Result<usize> {
     bail!("the members never agreed on a leader")
 }
 
-/// Kills the leader `kills` times; each outage is one latency sample.
-pub async fn failover_workload(server: &mut Server, kills: u64) -> Result<WorkloadResult> {
+/// How the leader is taken away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL: the process dies and its kernel closes its connections at once.
+    Kill,
+    /// SIGSTOP: the process freezes with its connections open, as a hung box or a cut cable
+    /// looks to its peers; it is thawed (SIGCONT) after the measurement.
+    Freeze,
+}
+
+/// Takes the leader away `kills` times; each outage is one latency sample.
+pub async fn failover_workload(
+    server: &mut Server,
+    kills: u64,
+    fault: Fault,
+) -> Result<WorkloadResult> {
     let members = server.endpoints().len();
     if members < 3 {
         bail!("failover needs a cluster: run compare with --members 3");
@@ -75,7 +90,10 @@ pub async fn failover_workload(server: &mut Server, kills: u64) -> Result<Worklo
     let mut alive = vec![true; members];
     for kill in 0..kills {
         let victim = leader(server, &alive).await?;
-        server.kill_member(victim).await?;
+        match fault {
+            Fault::Kill => server.kill_member(victim).await?,
+            Fault::Freeze => server.signal_member(victim, "STOP").await?,
+        }
         alive[victim] = false;
         let started = Instant::now();
         let survivors: Vec<String> = server
@@ -113,11 +131,14 @@ pub async fn failover_workload(server: &mut Server, kills: u64) -> Result<Worklo
         info!(
             kill = kill + 1,
             outage_ms = outage.as_millis() as u64,
-            "write resumed after leader kill"
+            "write resumed after the leader was taken away"
         );
         samples.push(outage.as_micros() as u64);
         total += outage;
-        server.restart_member(victim).await?;
+        match fault {
+            Fault::Kill => server.restart_member(victim).await?,
+            Fault::Freeze => server.signal_member(victim, "CONT").await?,
+        }
         alive[victim] = true;
         sleep(SETTLE).await;
     }

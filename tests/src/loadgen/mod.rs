@@ -3,7 +3,7 @@
 //! - `server`: starts skerry or etcd on loopback in a temp dir and kills it on drop.
 //! - `workloads`: the six workloads and the bounded client loop they share.
 //! - `stats`: latency percentiles, one workload's result, and medians across runs.
-//! - `failover`: kill -9 the leader of a cluster, time until writes resume.
+//! - `failover`: kill -9 (or freeze) the leader of a cluster, time until writes resume.
 //! - `report`: the stdout table, the markdown table and the JSON document.
 //!
 //! Start at `workloads::run_workload`.

@@ -172,6 +172,23 @@ impl Server {
             .with_context(|| format!("kill {} member {i}", self.label))
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to member `i` with kill(1).
+    pub async fn signal_member(&mut self, i: usize, signal: &str) -> Result<()> {
+        let pid = self.children[i]
+            .id()
+            .with_context(|| format!("{} member {i} has exited", self.label))?;
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .await
+            .context("run kill")?;
+        if !status.success() {
+            bail!("kill -{signal} {pid} failed");
+        }
+        Ok(())
+    }
+
     /// Starts member `i` again on its data dir and ports and waits until it answers.
     pub async fn restart_member(&mut self, i: usize) -> Result<()> {
         let log = std::fs::OpenOptions::new()

@@ -97,6 +97,9 @@ pub enum Workload {
     Range,
     /// Clusters only: kill -9 the leader, time until a write succeeds on a survivor; repeat.
     Failover,
+    /// Clusters only: freeze the leader (SIGSTOP: its connections stay open and silent, as a
+    /// hung or unplugged box's do), time until a write succeeds on another member; repeat.
+    FailoverFreeze,
 }
 
 impl Workload {
@@ -119,6 +122,7 @@ impl Workload {
             Workload::Watch => "watch",
             Workload::Range => "range",
             Workload::Failover => "failover",
+            Workload::FailoverFreeze => "failover-freeze",
         }
     }
 
@@ -130,7 +134,7 @@ impl Workload {
             Workload::Watch => "events/s",
             Workload::Range => "pages/s",
             // One over the mean outage: above 1x in a ratio means the faster failover.
-            Workload::Failover => "failovers/s",
+            Workload::Failover | Workload::FailoverFreeze => "failovers/s",
         }
     }
 }
@@ -251,7 +255,7 @@ pub async fn run_workload(
         Workload::Txn => txn_workload(endpoint, plan.txn_ops, deadline).await,
         Workload::Watch => watch_workload(endpoint, plan, deadline).await,
         Workload::Range => range_workload(endpoint, plan, deadline, &mut cpu).await,
-        Workload::Failover => Err(anyhow::anyhow!(
+        Workload::Failover | Workload::FailoverFreeze => Err(anyhow::anyhow!(
             "failover needs the cluster's processes: run it through `compare --members 3`"
         )),
     };
