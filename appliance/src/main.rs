@@ -348,6 +348,18 @@ fn server(args: ServerArgs) -> Result<()> {
                 cluster.listen_peer
             );
         }
+        if let Some(cluster) = &cluster {
+            // Announce our client URLs through the log once there is a leader to take it, so
+            // every member's MemberList shows them (etcd's "publish").
+            let store = store.clone();
+            let (id, name, urls) = (cluster.id, cluster.name.clone(), advertise.clone());
+            tokio::spawn(async move {
+                while let Err(e) = store.publish_member(id, &name, urls.clone()).await {
+                    tracing::debug!(error = %e, "publishing member attributes; will retry");
+                    tokio::time::sleep(PUBLISH_RETRY).await;
+                }
+            });
+        }
         let api = EtcdApi::new(
             store.clone(),
             MemberInfo {
@@ -450,6 +462,9 @@ fn tls_incoming(
 
 /// Connections whose handshake finished, waiting for the gRPC server to take them.
 const TLS_ACCEPTED_QUEUE: usize = 128;
+
+/// Pause between attempts to publish this member's attributes while no leader takes them.
+const PUBLISH_RETRY: Duration = Duration::from_millis(500);
 
 /// How long open streams (watches, keep-alives) get to finish at shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);

@@ -174,9 +174,20 @@ fn etcdctl_reads_on_every_member_what_another_wrote_and_the_cluster_survives_its
             "hi\n"
         );
     }
-    let members = etcdctl(&cluster.member(0).endpoint(), &["member", "list"]);
-    for name in NAMES {
-        assert!(members.contains(name), "{members}");
+    // Every member lists every other with the client URL it published through the log.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let members = etcdctl(&cluster.member(0).endpoint(), &["member", "list"]);
+        let complete = NAMES.iter().all(|name| members.contains(name))
+            && (0..3).all(|i| members.contains(&cluster.member(i).url()));
+        if complete {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "member list incomplete: {members}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 
     // kill -9 the leader: the others elect a new one and take writes.

@@ -35,6 +35,9 @@ pub(crate) type KvTable<'a> = redb::Table<'a, (u64, u64), &'static [u8]>;
 
 pub(crate) const KV: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("kv");
 pub(crate) const LEASES: TableDefinition<i64, i64> = TableDefinition::new("leases");
+/// Cluster members' published attributes: member id -> `MemberAttributes` protobuf. Not part
+/// of the keyspace: no revision, no watch event.
+pub(crate) const MEMBERS: TableDefinition<u64, &[u8]> = TableDefinition::new("members");
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 pub(crate) const META_FORMAT: &str = "skerry_format";

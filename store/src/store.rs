@@ -156,9 +156,19 @@ pub enum CommandResult {
     Put(PutResponse),
     DeleteRange(DeleteRangeResponse),
     Txn(TxnResponse),
-    Compact { revision: i64 },
-    LeaseGrant { id: i64, ttl: i64, revision: i64 },
-    LeaseRevoke { revision: i64 },
+    Compact {
+        revision: i64,
+    },
+    LeaseGrant {
+        id: i64,
+        ttl: i64,
+        revision: i64,
+    },
+    LeaseRevoke {
+        revision: i64,
+    },
+    /// A member's attributes were recorded.
+    MemberPublished,
 }
 
 use crate::replication::Reply;
@@ -721,6 +731,43 @@ impl Store {
         }
     }
 
+    /// Records (through the log, in a cluster) how clients reach member `id`, so that every
+    /// member's `MemberList` shows it.
+    pub async fn publish_member(
+        &self,
+        id: u64,
+        name: &str,
+        client_urls: Vec<String>,
+    ) -> Result<(), StoreError> {
+        let attrs = crate::pb::command::MemberAttributes {
+            id,
+            name: name.to_string(),
+            client_urls,
+        };
+        match self.propose(Cmd::MemberAttributes(attrs), false).await? {
+            CommandResult::MemberPublished => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The attributes members have published, by id.
+    pub fn member_attributes(
+        &self,
+    ) -> Result<Vec<crate::pb::command::MemberAttributes>, StoreError> {
+        let txn = self.shared.db.read().begin_read()?;
+        let table = match txn.open_table(mvcc::MEMBERS) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Vec::new();
+        for row in table.iter()? {
+            let (_, value) = row?;
+            out.push(crate::pb::command::MemberAttributes::decode(value.value())?);
+        }
+        Ok(out)
+    }
+
     /// Whether this member decides lease expiry (see [`Store::set_leadership`]).
     pub fn is_lease_authority(&self) -> bool {
         self.shared.lease_authority.load(Ordering::Acquire)
@@ -861,6 +908,7 @@ fn load(db: &Database, identity: Option<(u64, u64)>) -> Result<Loaded, StoreErro
         }
         txn.open_table(KV)?;
         txn.open_table(LEASES)?;
+        txn.open_table(mvcc::MEMBERS)?;
     }
     txn.commit()?;
 
@@ -1056,6 +1104,15 @@ fn apply_commands<'c>(
             Some(Cmd::LeaseRevoke(req)) => apply
                 .lease_revoke(req.id)
                 .map(|revision| CommandResult::LeaseRevoke { revision }),
+            Some(Cmd::MemberAttributes(attrs)) => txn
+                .open_table(mvcc::MEMBERS)
+                .map_err(StoreError::from)
+                .and_then(|mut members| {
+                    members
+                        .insert(attrs.id, attrs.encode_to_vec().as_slice())
+                        .map_err(StoreError::from)?;
+                    Ok(CommandResult::MemberPublished)
+                }),
             Some(Cmd::Compaction(req)) => apply.compact(req.revision).map(|revision| {
                 new_compaction = Some(req.revision);
                 CommandResult::Compact { revision }

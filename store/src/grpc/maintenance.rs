@@ -189,12 +189,19 @@ impl EtcdApi {
             client_urls: self.member.client_urls.clone(),
             is_learner: false,
         }];
-        members.extend(self.peers.iter().map(|(id, peer)| Member {
-            id: *id,
-            name: peer.name.clone(),
-            peer_urls: peer.peer_urls.clone(),
-            client_urls: peer.client_urls.clone(),
-            is_learner: false,
+        // Other members' client URLs are what they published through the log.
+        let published = self.store.member_attributes().unwrap_or_default();
+        members.extend(self.peers.iter().map(|(id, peer)| {
+            Member {
+                id: *id,
+                name: peer.name.clone(),
+                peer_urls: peer.peer_urls.clone(),
+                client_urls: published
+                    .iter()
+                    .find(|m| m.id == *id)
+                    .map_or_else(|| peer.client_urls.clone(), |m| m.client_urls.clone()),
+                is_learner: false,
+            }
         }));
         members.sort_by_key(|m| m.id);
         members

@@ -40,7 +40,7 @@ pub struct EtcdApi {
     store: Store,
     member: Arc<MemberInfo>,
     /// The other members of the cluster, by id (empty for a single store). Their client URLs
-    /// are not known here yet (etcd publishes them through the log).
+    /// come from what they publish through the log (see `Store::publish_member`).
     peers: Arc<Vec<(u64, MemberInfo)>>,
 }
 
