@@ -197,10 +197,6 @@ fn cluster_config(args: &ServerArgs) -> Result<Option<ClusterConfig>> {
         }),
         _ => bail!("--peer-cert-file, --peer-key-file and --peer-trusted-ca-file go together"),
     };
-    if let Some(files) = &peer_tls {
-        // Checked now, before the data dir is touched; the node loads them again at start.
-        skerry_raft::tls::PeerTls::load(files)?;
-    }
     let config = ClusterConfig::new(
         &args.name,
         initial,

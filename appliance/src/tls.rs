@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use anyhow::{Context as _, Result, bail};
-use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::PrivateKeyDer;
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use skerry_raft::tls::{read_certs, read_roots};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
@@ -22,17 +22,6 @@ use tokio_rustls::server::TlsStream;
 
 /// How long a client gets to finish its TLS handshake before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-fn certs(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-        .with_context(|| format!("{flag} {}", path.display()))?
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("{flag} {}", path.display()))?;
-    if certs.is_empty() {
-        bail!("{flag} {}: no PEM certificate in it", path.display());
-    }
-    Ok(certs)
-}
 
 /// The acceptor for client connections, ALPN `h2` (gRPC).
 pub fn acceptor(
@@ -42,7 +31,7 @@ pub fn acceptor(
     client_cert_auth: bool,
 ) -> Result<TlsAcceptor> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let chain = certs(cert, "--cert-file")?;
+    let chain = read_certs(cert, "--cert-file")?;
     let key = PrivateKeyDer::from_pem_file(key)
         .with_context(|| format!("--key-file {}", key.display()))?;
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
@@ -52,12 +41,7 @@ pub fn acceptor(
         let Some(ca) = trusted_ca else {
             bail!("--client-cert-auth needs --trusted-ca-file");
         };
-        let mut roots = RootCertStore::empty();
-        for c in certs(ca, "--trusted-ca-file")? {
-            roots
-                .add(c)
-                .with_context(|| format!("--trusted-ca-file {}", ca.display()))?;
-        }
+        let roots = read_roots(ca, "--trusted-ca-file")?;
         let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
             .build()
             .context("--trusted-ca-file")?;

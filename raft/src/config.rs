@@ -73,8 +73,8 @@ pub struct ClusterConfig {
     pub election: Duration,
     /// The peer URLs are `https://`: members speak mutual TLS (see [`crate::tls`]).
     pub peer_https: bool,
-    /// The peer TLS files, required exactly when `peer_https`.
-    pub peer_tls: Option<crate::tls::PeerTlsFiles>,
+    /// Peer TLS, loaded from its files, present exactly when `peer_https`.
+    pub peer_tls: Option<crate::tls::PeerTls>,
 }
 
 impl ClusterConfig {
@@ -183,7 +183,8 @@ impl ClusterConfig {
     }
 
     /// Adds the peer TLS files (`--peer-cert-file`, `--peer-key-file`,
-    /// `--peer-trusted-ca-file`): required with `https://` peer URLs, refused without.
+    /// `--peer-trusted-ca-file`): required with `https://` peer URLs, refused without. They
+    /// are loaded and checked here, before anything touches the data dir.
     pub fn with_peer_tls(
         mut self,
         files: Option<crate::tls::PeerTlsFiles>,
@@ -198,7 +199,7 @@ impl ClusterConfig {
                 "--peer-cert-file and friends need https:// peer URLs".into(),
             )),
             _ => {
-                self.peer_tls = files;
+                self.peer_tls = files.as_ref().map(crate::tls::PeerTls::load).transpose()?;
                 Ok(self)
             }
         }

@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 use prost::Message as _;
-use protobuf::Message as _;
 use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message};
 use raft::{RawNode, StateRole};
 use skerry_store::pb::command::Command;
@@ -216,7 +215,7 @@ impl RaftNode {
             cluster.peer_addrs()?,
             inbound,
             match (&cluster.peer_tls, cluster.peer_https) {
-                (Some(files), true) => Some(crate::tls::PeerTls::load(files)?),
+                (Some(tls), true) => Some(tls.clone()),
                 (None, false) => None,
                 _ => {
                     return Err(RaftError::Config(
@@ -710,14 +709,7 @@ impl Driver {
                     });
                 }
                 EntryType::EntryConfChange => {
-                    let mut cc = ConfChange::default();
-                    cc.merge_from_bytes(&entry.data)
-                        .map_err(|e| RaftError::Corrupt(format!("conf change {index}: {e}")))?;
-                    let conf = self
-                        .raw
-                        .apply_conf_change(&cc)
-                        .map_err(|e| RaftError::Raft(e.to_string()))?;
-                    self.log.set_conf_state(&conf)?;
+                    self.apply_conf_change::<ConfChange>(&entry)?;
                     batch.push(Committed {
                         index,
                         command: None,
@@ -725,14 +717,7 @@ impl Driver {
                     });
                 }
                 EntryType::EntryConfChangeV2 => {
-                    let mut cc = ConfChangeV2::default();
-                    cc.merge_from_bytes(&entry.data)
-                        .map_err(|e| RaftError::Corrupt(format!("conf change {index}: {e}")))?;
-                    let conf = self
-                        .raw
-                        .apply_conf_change(&cc)
-                        .map_err(|e| RaftError::Raft(e.to_string()))?;
-                    self.log.set_conf_state(&conf)?;
+                    self.apply_conf_change::<ConfChangeV2>(&entry)?;
                     batch.push(Committed {
                         index,
                         command: None,
@@ -743,6 +728,22 @@ impl Driver {
         }
         self.store.apply_committed(batch)?;
         Ok(())
+    }
+
+    /// Applies a membership change entry (either encoding) to raft-rs and persists the
+    /// resulting membership.
+    fn apply_conf_change<C>(&mut self, entry: &Entry) -> Result<(), RaftError>
+    where
+        C: protobuf::Message + raft_proto::ConfChangeI + Default,
+    {
+        let mut cc = C::default();
+        cc.merge_from_bytes(&entry.data)
+            .map_err(|e| RaftError::Corrupt(format!("conf change {}: {e}", entry.index)))?;
+        let conf = self
+            .raw
+            .apply_conf_change(&cc)
+            .map_err(|e| RaftError::Raft(e.to_string()))?;
+        self.log.set_conf_state(&conf)
     }
 }
 

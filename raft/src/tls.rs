@@ -32,7 +32,15 @@ pub struct PeerTls {
     pub connector: TlsConnector,
 }
 
-fn read_certs(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>, RaftError> {
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerTls { .. }")
+    }
+}
+
+/// The PEM certificates in `path`; an error names `flag` and the file. Shared with the
+/// client-side TLS of the `skerry` binary.
+pub fn read_certs(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>, RaftError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
         .map_err(|e| RaftError::Config(format!("{flag} {}: {e}", path.display())))?
         .collect::<Result<_, _>>()
@@ -46,6 +54,17 @@ fn read_certs(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>, R
     Ok(certs)
 }
 
+/// The CA certificates in `path` as a root store; an error names `flag` and the file.
+pub fn read_roots(path: &Path, flag: &str) -> Result<RootCertStore, RaftError> {
+    let mut roots = RootCertStore::empty();
+    for ca in read_certs(path, flag)? {
+        roots
+            .add(ca)
+            .map_err(|e| RaftError::Config(format!("{flag} {}: {e}", path.display())))?;
+    }
+    Ok(roots)
+}
+
 impl PeerTls {
     /// Loads and checks the files; every problem names its flag.
     pub fn load(files: &PeerTlsFiles) -> Result<PeerTls, RaftError> {
@@ -54,16 +73,7 @@ impl PeerTls {
         let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| {
             RaftError::Config(format!("--peer-key-file {}: {e}", files.key.display()))
         })?;
-        let mut roots = RootCertStore::empty();
-        for ca in read_certs(&files.trusted_ca, "--peer-trusted-ca-file")? {
-            roots.add(ca).map_err(|e| {
-                RaftError::Config(format!(
-                    "--peer-trusted-ca-file {}: {e}",
-                    files.trusted_ca.display()
-                ))
-            })?;
-        }
-        let roots = Arc::new(roots);
+        let roots = Arc::new(read_roots(&files.trusted_ca, "--peer-trusted-ca-file")?);
         let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
             .build()
             .map_err(|e| RaftError::Config(format!("--peer-trusted-ca-file: {e}")))?;
