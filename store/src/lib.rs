@@ -9,7 +9,7 @@
 //! - [`index`]: the in-memory key index (etcd's `treeIndex`).
 //! - [`watch`]: the watch hub (synced / unsynced watchers, progress notifications).
 //! - [`lease`]: the lessor.
-//! - [`snapshot`]: snapshot stream format and restore.
+//! - [`snapshot`]: snapshot stream format, restore, and install into a cluster member.
 //! - [`grpc`]: the tonic services for KV, Watch, Lease, Maintenance and Cluster.
 //! - [`pb`]: the generated wire types.
 //!
@@ -37,4 +37,4 @@ pub mod wal;
 pub mod watch;
 
 pub use error::StoreError;
-pub use store::{CommandResult, Store, StoreConfig, StoreStatus};
+pub use store::{CommandResult, PinnedSnapshot, Store, StoreConfig, StoreStatus};

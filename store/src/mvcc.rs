@@ -8,6 +8,12 @@
 //! - `kv`: `(main, sub)` revision -> one byte kind (0 put, 1 tombstone) + `mvccpb.KeyValue`.
 //!   Scanning it in order replays the whole retained history.
 //! - `leases`: lease id -> granted TTL in seconds.
+//! - `members`: member id -> `Member` (name, client and peer URLs, learner), outside the
+//!   keyspace: no revision, no watch event.
+//! - `raft`: what the replicated log asks the store to keep in step with the applied index,
+//!   as opaque bytes: `conf_state` (raft-rs's encoded `ConfState` after the last membership
+//!   change) and `snapshot_index`/`snapshot_term` (u64 big-endian) of the last installed
+//!   snapshot.
 //! - `meta`: `applied_index`, `revision`, `compact_revision`, `compact_finished`, the cluster
 //!   and member ids, and the format marker. `applied_index` and `revision` are written in the
 //!   same transaction as the rows they cover, so replaying an already-applied command is a no-op.
@@ -23,6 +29,7 @@ use redb::{ReadableTable, TableDefinition};
 use crate::error::StoreError;
 use crate::index::{KeyIndex, KeyRange};
 use crate::lease::Lessor;
+use crate::pb::command::{Member, MemberAttributes, Membership};
 use crate::pb::etcdserverpb::{
     Compare, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RangeRequest,
     RangeResponse, RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse, compare,
@@ -32,12 +39,18 @@ use crate::pb::mvccpb::{Event, KeyValue, event::EventType};
 use crate::rev::Rev;
 
 pub(crate) type KvTable<'a> = redb::Table<'a, (u64, u64), &'static [u8]>;
+pub(crate) type MembersTable<'a> = redb::Table<'a, u64, &'static [u8]>;
+pub(crate) type RaftTable<'a> = redb::Table<'a, &'static str, &'static [u8]>;
 
 pub(crate) const KV: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("kv");
 pub(crate) const LEASES: TableDefinition<i64, i64> = TableDefinition::new("leases");
-/// Cluster members' published attributes: member id -> `MemberAttributes` protobuf. Not part
-/// of the keyspace: no revision, no watch event.
+/// Cluster members: member id -> `Member` protobuf. Rows an older build wrote as
+/// `MemberAttributes` read as a `Member` (its fields 1-3 are the same). Not part of the
+/// keyspace: no revision, no watch event.
 pub(crate) const MEMBERS: TableDefinition<u64, &[u8]> = TableDefinition::new("members");
+/// The replicated log's own records, kept in the same transactions as the applied index so
+/// they always match it. Opaque bytes: the store knows nothing of Raft.
+pub(crate) const RAFT: TableDefinition<&str, &[u8]> = TableDefinition::new("raft");
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 pub(crate) const META_FORMAT: &str = "skerry_format";
@@ -48,12 +61,31 @@ pub(crate) const META_COMPACT_FINISHED: &str = "compact_finished";
 pub(crate) const META_CLUSTER_ID: &str = "cluster_id";
 pub(crate) const META_MEMBER_ID: &str = "member_id";
 
+/// raft-rs's encoded `ConfState` after the last applied membership change.
+pub(crate) const RAFT_CONF_STATE: &str = "conf_state";
+/// The log index and term of the last snapshot installed, u64 big-endian: the replicated log
+/// repairs itself from them after a crash between the store's install and its own.
+pub(crate) const RAFT_SNAPSHOT_INDEX: &str = "snapshot_index";
+pub(crate) const RAFT_SNAPSHOT_TERM: &str = "snapshot_term";
+
 /// The on-disk format this build writes. A data dir with another value is refused with a
 /// clear error rather than misread.
 pub(crate) const FORMAT_VERSION: u64 = 1;
 
 const ROW_PUT: u8 = 0;
 const ROW_TOMBSTONE: u8 = 1;
+
+/// Opens a table that a store written by an older build may not have.
+pub(crate) fn open_if_exists<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &redb::ReadTransaction,
+    table: TableDefinition<K, V>,
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, StoreError> {
+    match txn.open_table(table) {
+        Ok(table) => Ok(Some(table)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
 
 /// Encodes one row of the `kv` table.
 pub(crate) fn encode_row(tombstone: bool, kv: &KeyValue) -> Vec<u8> {
@@ -745,6 +777,84 @@ impl<'a, 't> Apply<'a, 't> {
     }
 }
 
+/// A member's row after it published its attributes: the name and client URLs are the
+/// member's to say; the peer URLs and learner flag came from a membership change and stay.
+pub(crate) fn merge_attributes(existing: Option<Member>, attrs: &MemberAttributes) -> Member {
+    let mut member = existing.unwrap_or_default();
+    member.id = attrs.id;
+    member.name = attrs.name.clone();
+    member.client_urls = attrs.client_urls.clone();
+    member
+}
+
+/// A member's row after a membership change names it. A change knows what the cluster asked
+/// for (peer URLs, learner or voter) but often not the member's name or client URLs, which the
+/// member publishes itself: empty fields keep what the row has; `is_learner` is always taken
+/// (a promotion sets it false).
+pub(crate) fn merge_upsert(existing: Option<Member>, upsert: &Member) -> Member {
+    let mut member = existing.unwrap_or_default();
+    member.id = upsert.id;
+    if !upsert.name.is_empty() {
+        member.name = upsert.name.clone();
+    }
+    if !upsert.client_urls.is_empty() {
+        member.client_urls = upsert.client_urls.clone();
+    }
+    if !upsert.peer_urls.is_empty() {
+        member.peer_urls = upsert.peer_urls.clone();
+    }
+    member.is_learner = upsert.is_learner;
+    member
+}
+
+/// Reads member `id`'s row; a row that does not decode is a storage error.
+pub(crate) fn read_member<T: ReadableTable<u64, &'static [u8]>>(
+    members: &T,
+    id: u64,
+) -> Result<Option<Member>, StoreError> {
+    match members.get(id)? {
+        Some(row) => Ok(Some(Member::decode(row.value())?)),
+        None => Ok(None),
+    }
+}
+
+/// The rows `change` writes: each upsert merged into its member's row. Only reads, so a row
+/// that cannot be read fails the command before anything is written.
+pub(crate) fn membership_rows<T: ReadableTable<u64, &'static [u8]>>(
+    members: &T,
+    change: &Membership,
+) -> Result<Vec<Member>, StoreError> {
+    let mut rows: Vec<Member> = Vec::with_capacity(change.upsert.len());
+    for upsert in &change.upsert {
+        // An id upserted twice in one change merges into its first merge.
+        let existing = match rows.iter().position(|m| m.id == upsert.id) {
+            Some(at) => Some(rows.swap_remove(at)),
+            None => read_member(members, upsert.id)?,
+        };
+        rows.push(merge_upsert(existing, upsert));
+    }
+    Ok(rows)
+}
+
+/// Writes a membership change: the merged rows (from [`membership_rows`]), then the removals
+/// (so an id both upserted and removed is gone), then the new `ConfState`. An error here is
+/// a failed write inside the batch's transaction, which the caller must abandon.
+pub(crate) fn write_membership(
+    members: &mut MembersTable<'_>,
+    raft: &mut RaftTable<'_>,
+    rows: &[Member],
+    change: &Membership,
+) -> Result<(), StoreError> {
+    for row in rows {
+        members.insert(row.id, row.encode_to_vec().as_slice())?;
+    }
+    for id in &change.removed {
+        members.remove(*id)?;
+    }
+    raft.insert(RAFT_CONF_STATE, change.conf_state.as_ref())?;
+    Ok(())
+}
+
 /// A deleted range as etcd's duplicate-key check sees it: `[start, end)` compared as raw
 /// bytes, or one key when `end` is empty. A `range_end` of `"\0"` is *not* read as "to the
 /// end" here, so such a delete conflicts with no put: etcd 3.4 does exactly that, and a txn
@@ -867,6 +977,55 @@ mod tests {
             check_intervals(&[put_op("x"), nested]).err(),
             Some(StoreError::DuplicateKey)
         );
+    }
+
+    fn member(id: u64, name: &str, client: &[&str], peer: &[&str], learner: bool) -> Member {
+        Member {
+            id,
+            name: name.into(),
+            client_urls: client.iter().map(|u| u.to_string()).collect(),
+            peer_urls: peer.iter().map(|u| u.to_string()).collect(),
+            is_learner: learner,
+        }
+    }
+
+    #[test]
+    fn attributes_and_membership_changes_keep_each_others_fields() {
+        let attrs = MemberAttributes {
+            id: 7,
+            name: "n7".into(),
+            client_urls: vec!["http://c7".into()],
+        };
+        let published = merge_attributes(None, &attrs);
+        assert_eq!(published, member(7, "n7", &["http://c7"], &[], false));
+        // A change that adds peer URLs and makes the member a learner keeps its name and
+        // client URLs.
+        let added = merge_upsert(Some(published), &member(7, "", &[], &["http://p7"], true));
+        assert_eq!(added, member(7, "n7", &["http://c7"], &["http://p7"], true));
+        // Publishing again replaces name and client URLs only.
+        let renamed = merge_attributes(
+            Some(added),
+            &MemberAttributes {
+                id: 7,
+                name: "seven".into(),
+                client_urls: vec![],
+            },
+        );
+        assert_eq!(renamed, member(7, "seven", &[], &["http://p7"], true));
+        // A promotion with nothing else set keeps the URLs and clears the learner flag.
+        let promoted = merge_upsert(Some(renamed), &member(7, "", &[], &[], false));
+        assert_eq!(promoted, member(7, "seven", &[], &["http://p7"], false));
+    }
+
+    #[test]
+    fn member_attributes_rows_read_as_members() {
+        let attrs = MemberAttributes {
+            id: 3,
+            name: "n3".into(),
+            client_urls: vec!["http://c3".into()],
+        };
+        let decoded = Member::decode(attrs.encode_to_vec().as_slice()).expect("decode");
+        assert_eq!(decoded, member(3, "n3", &["http://c3"], &[], false));
     }
 
     #[test]

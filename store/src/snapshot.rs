@@ -1,38 +1,60 @@
-//! Snapshots: the whole store as one stream, and restoring a data dir from it.
+//! Snapshots: the whole store as one stream, restoring a data dir from it, and installing it
+//! into a cluster member.
 //!
 //! Format (all integers big-endian):
 //! ```text
 //! magic    "SKERRY-SNAPSHOT\n"            16 bytes
-//! version  u32 = 1
-//! records  tag u8, key_len u32, key, value_len u32, value   (tag 1 meta, 2 kv row, 3 lease)
+//! version  u32 = 2 (1: written before tags 4 and 5 existed; read the same way)
+//! records  tag u8, key_len u32, key, value_len u32, value
 //! end      tag u8 = 0
 //! padding  zero bytes up to a multiple of 512
 //! digest   sha256 of every byte before it  32 bytes
 //! ```
+//! Record tags:
+//!
+//! | tag | table   | key                          | value                                   |
+//! |-----|---------|------------------------------|-----------------------------------------|
+//! | 1   | meta    | name (UTF-8)                 | u64                                     |
+//! | 2   | kv      | main u64, sub u64            | the row: kind byte + `mvccpb.KeyValue`  |
+//! | 3   | leases  | id i64                       | TTL i64 (seconds)                       |
+//! | 4   | members | id u64                       | the row: `Member` protobuf              |
+//! | 5   | raft    | name (UTF-8)                 | the row's bytes (opaque)                |
+//!
+//! Meta records leave out what describes the member rather than the data (cluster id, member
+//! id, applied index). Tags 4 and 5 describe the cluster the snapshot came from: installing
+//! into a member of that cluster takes them; restoring a new cluster from it skips them.
+//!
 //! The padding and digest are what `etcdctl snapshot save` checks for: it refuses a stream
 //! whose length is not a multiple of 512 plus a 32-byte sha256 (etcd's own snapshots are
 //! whole database pages followed by the digest).
 //! A snapshot is written from one redb read transaction, so it is consistent at one revision
-//! while writes go on. Restore verifies the digest before it commits anything.
+//! while writes go on. Restore and install verify the digest before they commit anything.
 
 use std::io::{Read, Write};
 use std::path::Path;
 
-use redb::{ReadTransaction, ReadableTable};
+use prost::Message;
+use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 use sha2::{Digest, Sha256};
 
 use crate::error::StoreError;
 use crate::mvcc::{
-    self, KV, LEASES, META, META_APPLIED_INDEX, META_CLUSTER_ID, META_COMPACT_FINISHED,
-    META_MEMBER_ID, META_REVISION,
+    self, KV, LEASES, MEMBERS, META, META_APPLIED_INDEX, META_CLUSTER_ID, META_COMPACT_FINISHED,
+    META_FORMAT, META_MEMBER_ID, META_REVISION, RAFT, RAFT_SNAPSHOT_INDEX, RAFT_SNAPSHOT_TERM,
 };
+use crate::pb::command::Member;
 
 pub const SNAPSHOT_MAGIC: &[u8; 16] = b"SKERRY-SNAPSHOT\n";
-pub const SNAPSHOT_VERSION: u32 = 1;
+/// The version this build writes.
+pub const SNAPSHOT_VERSION: u32 = 2;
+/// The oldest version this build reads: version 1 is version 2 without tags 4 and 5.
+const SNAPSHOT_VERSION_MIN: u32 = 1;
 const TAG_END: u8 = 0;
 const TAG_META: u8 = 1;
 const TAG_KV: u8 = 2;
 const TAG_LEASE: u8 = 3;
+const TAG_MEMBER: u8 = 4;
+const TAG_RAFT: u8 = 5;
 const DIGEST_BYTES: usize = 32;
 /// The body is padded to a multiple of this before the digest (see the module docs).
 const BODY_ALIGN_BYTES: u64 = 512;
@@ -116,12 +138,33 @@ pub fn write(txn: &ReadTransaction, out: &mut impl Write) -> Result<i64, StoreEr
             &ttl.value().to_be_bytes(),
         )?;
     }
+    if let Some(members) = mvcc::open_if_exists(txn, MEMBERS)? {
+        for row in members.iter()? {
+            let (id, value) = row?;
+            w.record(TAG_MEMBER, &id.value().to_be_bytes(), value.value())?;
+        }
+    }
+    if let Some(raft) = mvcc::open_if_exists(txn, RAFT)? {
+        for row in raft.iter()? {
+            let (name, value) = row?;
+            w.record(TAG_RAFT, name.value().as_bytes(), value.value())?;
+        }
+    }
     w.write(&[TAG_END])?;
     let padding = (BODY_ALIGN_BYTES - w.written % BODY_ALIGN_BYTES) % BODY_ALIGN_BYTES;
     w.write(&vec![0u8; padding as usize])?;
     let digest = w.hasher.finalize();
     w.inner.write_all(&digest)?;
     Ok(revision)
+}
+
+/// One record of a snapshot, checked as far as its own bytes go.
+enum Record {
+    Meta { name: String, value: u64 },
+    Kv { rev: (u64, u64), row: Vec<u8> },
+    Lease { id: i64, ttl: i64 },
+    Member { id: u64, row: Vec<u8> },
+    Raft { name: String, value: Vec<u8> },
 }
 
 /// Reads records of a snapshot whose digest [`verify`] has already checked.
@@ -150,6 +193,58 @@ impl<R: Read> RecordReader<R> {
         self.exact(&mut buf)?;
         Ok(buf)
     }
+
+    /// The next record, or `None` at the end tag.
+    fn next(&mut self) -> Result<Option<Record>, StoreError> {
+        let mut tag = [0u8; 1];
+        self.exact(&mut tag)?;
+        if tag[0] == TAG_END {
+            return Ok(None);
+        }
+        let key = self.field()?;
+        let value = self.field()?;
+        let record = match tag[0] {
+            TAG_META => Record::Meta {
+                name: utf8(key, "meta name")?,
+                value: be_u64(&value)?,
+            },
+            TAG_KV => {
+                if key.len() != 16 {
+                    return Err(StoreError::DataDir(
+                        "snapshot kv record has a bad revision".into(),
+                    ));
+                }
+                mvcc::decode_row(&value)
+                    .map_err(|e| StoreError::DataDir(format!("snapshot kv record: {e}")))?;
+                Record::Kv {
+                    rev: (be_u64(&key[..8])?, be_u64(&key[8..])?),
+                    row: value,
+                }
+            }
+            TAG_LEASE => Record::Lease {
+                id: be_u64(&key)? as i64,
+                ttl: be_u64(&value)? as i64,
+            },
+            TAG_MEMBER => {
+                Member::decode(value.as_slice())
+                    .map_err(|e| StoreError::DataDir(format!("snapshot member record: {e}")))?;
+                Record::Member {
+                    id: be_u64(&key)?,
+                    row: value,
+                }
+            }
+            TAG_RAFT => Record::Raft {
+                name: utf8(key, "raft record name")?,
+                value,
+            },
+            other => {
+                return Err(StoreError::DataDir(format!(
+                    "snapshot has a record of unknown kind {other}"
+                )));
+            }
+        };
+        Ok(Some(record))
+    }
 }
 
 fn be_u64(bytes: &[u8]) -> Result<u64, StoreError> {
@@ -159,12 +254,50 @@ fn be_u64(bytes: &[u8]) -> Result<u64, StoreError> {
     Ok(u64::from_be_bytes(array))
 }
 
+fn utf8(bytes: Vec<u8>, what: &str) -> Result<String, StoreError> {
+    String::from_utf8(bytes)
+        .map_err(|_| StoreError::DataDir(format!("snapshot {what} is not UTF-8")))
+}
+
+/// Opens a snapshot file, with an error that names it.
+fn open_file(path: &Path) -> Result<std::fs::File, StoreError> {
+    std::fs::File::open(path)
+        .map_err(|e| StoreError::DataDir(format!("cannot open snapshot {}: {e}", path.display())))
+}
+
+/// Reads the header of the snapshot `file` (at `path`): the reader then stands at the first
+/// record. The digest is not checked here: call [`verify`] first.
+fn read_header(
+    file: std::fs::File,
+    path: &Path,
+) -> Result<RecordReader<std::io::BufReader<std::fs::File>>, StoreError> {
+    let mut r = RecordReader {
+        inner: std::io::BufReader::new(file),
+    };
+    let mut magic = [0u8; 16];
+    r.exact(&mut magic)?;
+    if &magic != SNAPSHOT_MAGIC {
+        return Err(StoreError::DataDir(format!(
+            "{} is not a skerry snapshot",
+            path.display()
+        )));
+    }
+    let mut version = [0u8; 4];
+    r.exact(&mut version)?;
+    if !(SNAPSHOT_VERSION_MIN..=SNAPSHOT_VERSION).contains(&u32::from_be_bytes(version)) {
+        return Err(StoreError::DataDir(
+            "snapshot version is not one this skerry reads".into(),
+        ));
+    }
+    Ok(r)
+}
+
 /// Creates a new data dir from a snapshot file. The data dir must not hold a store already.
-/// The restored member gets new cluster and member ids, as `etcdctl snapshot restore` does.
+/// The restored member gets new cluster and member ids, as `etcdctl snapshot restore` does,
+/// and is the one member of a new cluster: the snapshot's members and Raft records (tags 4
+/// and 5) belong to the old cluster and are skipped.
 pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
-    let file = std::fs::File::open(snapshot).map_err(|e| {
-        StoreError::DataDir(format!("cannot open snapshot {}: {e}", snapshot.display()))
-    })?;
+    let file = open_file(snapshot)?;
     let db_path = data_dir.join(crate::store::DB_FILE_NAME);
     if db_path.exists() {
         return Err(StoreError::DataDir(format!(
@@ -174,24 +307,7 @@ pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
     }
     verify(snapshot)?;
     std::fs::create_dir_all(data_dir)?;
-    let mut r = RecordReader {
-        inner: std::io::BufReader::new(file),
-    };
-    let mut magic = [0u8; 16];
-    r.exact(&mut magic)?;
-    if &magic != SNAPSHOT_MAGIC {
-        return Err(StoreError::DataDir(format!(
-            "{} is not a skerry snapshot",
-            snapshot.display()
-        )));
-    }
-    let mut version = [0u8; 4];
-    r.exact(&mut version)?;
-    if u32::from_be_bytes(version) != SNAPSHOT_VERSION {
-        return Err(StoreError::DataDir(
-            "snapshot version is not one this skerry reads".into(),
-        ));
-    }
+    let mut r = read_header(file, snapshot)?;
     let tmp_path = data_dir.join(".restore.redb.tmp");
     let _ = std::fs::remove_file(&tmp_path);
     let db = redb::Database::create(&tmp_path)?;
@@ -201,45 +317,21 @@ pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
         let mut meta = txn.open_table(META)?;
         let mut kv = txn.open_table(KV)?;
         let mut leases = txn.open_table(LEASES)?;
-        loop {
-            let mut tag = [0u8; 1];
-            r.exact(&mut tag)?;
-            if tag[0] == TAG_END {
-                break;
-            }
-            let key = r.field()?;
-            let value = r.field()?;
-            match tag[0] {
-                TAG_META => {
-                    let name = std::str::from_utf8(&key).map_err(|_| {
-                        StoreError::DataDir("snapshot meta name is not UTF-8".into())
-                    })?;
-                    let number = be_u64(&value)?;
+        while let Some(record) = r.next()? {
+            match record {
+                Record::Meta { name, value } => {
                     if name == META_REVISION {
-                        revision = i64::try_from(number).unwrap_or(0);
+                        revision = i64::try_from(value).unwrap_or(0);
                     }
-                    meta.insert(name, number)?;
+                    meta.insert(name.as_str(), value)?;
                 }
-                TAG_KV => {
-                    if key.len() != 16 {
-                        return Err(StoreError::DataDir(
-                            "snapshot kv record has a bad revision".into(),
-                        ));
-                    }
-                    mvcc::decode_row(&value)
-                        .map_err(|e| StoreError::DataDir(format!("snapshot kv record: {e}")))?;
-                    kv.insert((be_u64(&key[..8])?, be_u64(&key[8..])?), value.as_slice())?;
+                Record::Kv { rev, row } => {
+                    kv.insert(rev, row.as_slice())?;
                 }
-                TAG_LEASE => {
-                    let id = be_u64(&key)? as i64;
-                    let ttl = be_u64(&value)? as i64;
+                Record::Lease { id, ttl } => {
                     leases.insert(id, ttl)?;
                 }
-                other => {
-                    return Err(StoreError::DataDir(format!(
-                        "snapshot has a record of unknown kind {other}"
-                    )));
-                }
+                Record::Member { .. } | Record::Raft { .. } => {}
             }
         }
         meta.insert(META_CLUSTER_ID, rand::random::<u64>() >> 1)?;
@@ -253,6 +345,98 @@ pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
     drop(db);
     std::fs::rename(&tmp_path, &db_path)?;
     Ok(revision)
+}
+
+/// Replaces everything `txn` holds with the snapshot at `path`, for a cluster member taking
+/// its leader's snapshot. The member keeps its own identity (format marker, cluster and
+/// member ids); every other meta entry, and every row of kv, leases, members and raft, is
+/// the snapshot's. The applied index becomes `index`, and `(index, term)` is recorded as the
+/// installed snapshot. Returns the snapshot's revision.
+///
+/// The digest is checked before anything is touched. On an error `txn` holds a partial
+/// result and must be dropped, which leaves the store as it was.
+pub(crate) fn install(
+    txn: &WriteTransaction,
+    path: &Path,
+    index: u64,
+    term: u64,
+) -> Result<i64, StoreError> {
+    let file = open_file(path)?;
+    verify(path)?;
+    let mut r = read_header(file, path)?;
+    let mut identity = Vec::new();
+    {
+        let meta = txn.open_table(META)?;
+        for name in [META_FORMAT, META_CLUSTER_ID, META_MEMBER_ID] {
+            if let Some(value) = meta.get(name)? {
+                identity.push((name, value.value()));
+            }
+        }
+    }
+    clear(txn, META)?;
+    clear(txn, KV)?;
+    clear(txn, LEASES)?;
+    clear(txn, MEMBERS)?;
+    clear(txn, RAFT)?;
+    let mut meta = txn.open_table(META)?;
+    let mut kv = txn.open_table(KV)?;
+    let mut leases = txn.open_table(LEASES)?;
+    let mut members = txn.open_table(MEMBERS)?;
+    let mut raft = txn.open_table(RAFT)?;
+    for (name, value) in identity {
+        meta.insert(name, value)?;
+    }
+    let mut revision = None;
+    while let Some(record) = r.next()? {
+        match record {
+            Record::Meta { name, value } => {
+                if name == META_FORMAT && value != mvcc::FORMAT_VERSION {
+                    return Err(StoreError::DataDir(format!(
+                        "snapshot holds store format {value}, not the format {} this skerry \
+                         reads",
+                        mvcc::FORMAT_VERSION
+                    )));
+                }
+                if name == META_FORMAT || MEMBER_META.contains(&name.as_str()) {
+                    continue;
+                }
+                if name == META_REVISION {
+                    revision = Some(i64::try_from(value).map_err(|_| {
+                        StoreError::DataDir(format!("snapshot revision {value} is out of range"))
+                    })?);
+                }
+                meta.insert(name.as_str(), value)?;
+            }
+            Record::Kv { rev, row } => {
+                kv.insert(rev, row.as_slice())?;
+            }
+            Record::Lease { id, ttl } => {
+                leases.insert(id, ttl)?;
+            }
+            Record::Member { id, row } => {
+                members.insert(id, row.as_slice())?;
+            }
+            Record::Raft { name, value } => {
+                raft.insert(name.as_str(), value.as_slice())?;
+            }
+        }
+    }
+    let revision =
+        revision.ok_or_else(|| StoreError::DataDir("snapshot records no revision".into()))?;
+    meta.insert(META_APPLIED_INDEX, index)?;
+    raft.insert(RAFT_SNAPSHOT_INDEX, index.to_be_bytes().as_slice())?;
+    raft.insert(RAFT_SNAPSHOT_TERM, term.to_be_bytes().as_slice())?;
+    Ok(revision)
+}
+
+/// Empties one table of `txn` (dropping its whole tree is cheaper than deleting row by row).
+fn clear<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &WriteTransaction,
+    table: TableDefinition<K, V>,
+) -> Result<(), StoreError> {
+    txn.delete_table(table)?;
+    txn.open_table(table)?;
+    Ok(())
 }
 
 /// A quick check that a file is a complete skerry snapshot: magic and digest.

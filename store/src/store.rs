@@ -22,6 +22,14 @@
 //!
 //! Reads run on the caller's thread against a redb read transaction and the shared index,
 //! at the published revision: a write is visible to reads exactly when it is acknowledged.
+//!
+//! # Raft snapshots
+//! A replicated store hands its log a [`PinnedSnapshot`] (one read transaction, with the
+//! applied index and membership it holds) to send to a member that is too far behind, and
+//! installs one it receives with [`Store::install_snapshot`]: the writer replaces every table
+//! in one durable transaction, in queue order, and swaps the in-memory state. Readers that
+//! combine memory with a read transaction ([`Store::range`], the syncer) notice an install
+//! that overlapped them by the install generation and read again.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -34,7 +42,8 @@ use bytes::Bytes;
 use parking_lot::{Condvar, Mutex, RwLock};
 use prost::Message;
 use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction,
+    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata,
+    WriteTransaction,
 };
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, warn};
@@ -43,10 +52,11 @@ use crate::error::StoreError;
 use crate::index::KeyIndex;
 use crate::lease::{LEASE_TTL_MAX_SECONDS, LEASE_TTL_MIN_SECONDS, Lessor};
 use crate::mvcc::{
-    self, Apply, KV, LEASES, META, META_APPLIED_INDEX, META_CLUSTER_ID, META_COMPACT_FINISHED,
-    META_COMPACT_REVISION, META_FORMAT, META_MEMBER_ID, META_REVISION, Mvcc,
+    self, Apply, KV, LEASES, MEMBERS, META, META_APPLIED_INDEX, META_CLUSTER_ID,
+    META_COMPACT_FINISHED, META_COMPACT_REVISION, META_FORMAT, META_MEMBER_ID, META_REVISION, Mvcc,
+    RAFT, RAFT_CONF_STATE, RAFT_SNAPSHOT_INDEX, RAFT_SNAPSHOT_TERM,
 };
-use crate::pb::command::{Command, command::Command as Cmd};
+use crate::pb::command::{Command, Member, command::Command as Cmd};
 use crate::pb::etcdserverpb::{
     CompactionRequest, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest,
     LeaseRevokeRequest, PutRequest, PutResponse, RangeRequest, RangeResponse, ResponseHeader,
@@ -115,6 +125,13 @@ pub const LEASE_REVOKES_PER_CHECK_MAX: usize = 500;
 pub const DEFRAGMENT_ATTEMPTS_MAX: u32 = 200;
 pub const DEFRAGMENT_RETRY_DELAY: Duration = Duration::from_millis(5);
 
+/// Attempts a read makes while snapshot installs overlap it (see [`Store::range`]). A read
+/// retries only when an install swapped the store under it, and installs come one at a time,
+/// each behind an fsync, so a second attempt nearly always succeeds; more than this means the
+/// log is installing snapshots back to back, and the read fails rather than spin.
+/// Semi-arbitrary.
+pub const INSTALL_READ_ATTEMPTS_MAX: u32 = 8;
+
 /// The name of the store file inside the data dir.
 pub const DB_FILE_NAME: &str = "skerry.redb";
 
@@ -169,6 +186,8 @@ pub enum CommandResult {
     },
     /// A member's attributes were recorded.
     MemberPublished,
+    /// A membership change was recorded (members and `ConfState`).
+    Membership,
 }
 
 use crate::replication::Reply;
@@ -198,6 +217,15 @@ enum WriterMsg {
     },
     /// Commit redb durably if the log holds commands it does not.
     Checkpoint,
+    /// Replace the store's contents with a snapshot (see [`Store::install_snapshot`]). A
+    /// barrier: the batch that takes it ends with it, so it follows every command queued
+    /// before it and precedes every one after.
+    InstallSnapshot {
+        path: PathBuf,
+        index: u64,
+        term: u64,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
     Shutdown,
 }
 
@@ -235,6 +263,10 @@ struct Shared {
     durable_applied: AtomicU64,
     /// Set when the writer could not commit: the store refuses further work.
     failed: AtomicBool,
+    /// Odd while a snapshot install swaps the store's rows and memory (a seqlock's sequence):
+    /// changed by the writer only while it holds the index write lock. A reader that combines
+    /// memory with a read transaction loads it before and after, and reads again if it moved.
+    install_generation: AtomicU64,
     sync_wakeup: (Mutex<bool>, Condvar),
     progress_notify_interval: Duration,
 }
@@ -286,7 +318,11 @@ impl Store {
     pub fn open(config: StoreConfig) -> Result<Store, StoreError> {
         let db = open_database(&config.data_dir)?;
         let path = config.data_dir.join(DB_FILE_NAME);
-        let loaded = load(&db, config.identity)?;
+        let Loaded {
+            state: loaded,
+            cluster_id,
+            member_id,
+        } = load(&db, config.identity)?;
         let mvcc = Mvcc {
             index: RwLock::new(loaded.index),
             current_rev: loaded.revision.into(),
@@ -325,10 +361,10 @@ impl Store {
         let shared = Arc::new(Shared {
             mvcc,
             db: RwLock::new(db),
-            hub: WatchHub::new(revision, loaded.cluster_id, loaded.member_id, RAFT_TERM),
+            hub: WatchHub::new(revision, cluster_id, member_id, RAFT_TERM),
             path,
-            cluster_id: loaded.cluster_id,
-            member_id: loaded.member_id,
+            cluster_id,
+            member_id,
             applied_index: applied_index.into(),
             stopping: AtomicBool::new(false),
             durable_commits: 0.into(),
@@ -341,6 +377,7 @@ impl Store {
             applied_watch: tokio::sync::watch::Sender::new(applied_index),
             durable_applied: AtomicU64::new(applied_index),
             failed: AtomicBool::new(false),
+            install_generation: AtomicU64::new(0),
             sync_wakeup: (Mutex::new(false), Condvar::new()),
             progress_notify_interval: config.progress_notify_interval,
         });
@@ -448,14 +485,46 @@ impl Store {
     }
 
     /// Range at the published revision (or `req.revision`).
+    ///
+    /// The revision and the index come from memory, the rows from a read transaction; a
+    /// snapshot install that lands in between makes them disagree (a missing row, or the
+    /// wrong one), so the read is repeated until no install overlapped it.
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, StoreError> {
         crate::validate::range(req)?;
-        let current = self.shared.mvcc.current_rev();
-        let txn = self.shared.db.read().begin_read()?;
-        let table = txn.open_table(KV)?;
-        let mut resp = mvcc::range(&table, &self.shared.mvcc, req, current)?;
-        resp.header = Some(self.header(current));
-        Ok(resp)
+        self.read_consistent(|| {
+            let current = self.shared.mvcc.current_rev();
+            let txn = self.shared.db.read().begin_read()?;
+            let table = txn.open_table(KV)?;
+            let mut resp = mvcc::range(&table, &self.shared.mvcc, req, current)?;
+            resp.header = Some(self.header(current));
+            Ok(resp)
+        })
+    }
+
+    /// Runs `read`, which combines in-memory state with a redb read transaction it begins
+    /// itself, until no snapshot install overlapped it (see [`Shared::install_generation`]);
+    /// at most [`INSTALL_READ_ATTEMPTS_MAX`] times. Whatever `read` returned while an install
+    /// overlapped it, error or not, is discarded.
+    fn read_consistent<T>(
+        &self,
+        mut read: impl FnMut() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let generation = &self.shared.install_generation;
+        for _ in 0..INSTALL_READ_ATTEMPTS_MAX {
+            let before = generation.load(Ordering::SeqCst);
+            if !before.is_multiple_of(2) {
+                // The install holds the index write lock until it is done: wait there.
+                drop(self.shared.mvcc.index.read());
+                continue;
+            }
+            let result = read();
+            if generation.load(Ordering::SeqCst) == before {
+                return result;
+            }
+        }
+        Err(StoreError::Storage(format!(
+            "a read was overlapped by snapshot installs {INSTALL_READ_ATTEMPTS_MAX} times"
+        )))
     }
 
     pub async fn put(&self, req: PutRequest) -> Result<PutResponse, StoreError> {
@@ -606,22 +675,108 @@ impl Store {
 
     /// The rows of history from revision `from` through `through`, as watch events.
     pub fn history(&self, from: i64, through: i64) -> Result<Vec<Event>, StoreError> {
+        self.read_consistent(|| {
+            let txn = self.shared.db.read().begin_read()?;
+            let compacted = self.shared.mvcc.compact_rev();
+            if from < compacted {
+                return Err(StoreError::Compacted {
+                    compact_revision: compacted,
+                });
+            }
+            let table = txn.open_table(KV)?;
+            read_events(
+                &table,
+                &self.shared.mvcc.index,
+                compacted,
+                from,
+                through,
+                true,
+            )
+        })
+    }
+
+    /// Pins the store as it is now for a Raft snapshot: one read transaction, with the
+    /// applied index, revision and `ConfState` it holds. Writes go on meanwhile; the pinned
+    /// view does not move. See [`PinnedSnapshot`] for what holding it costs.
+    pub fn pin_snapshot(&self) -> Result<PinnedSnapshot, StoreError> {
         let txn = self.shared.db.read().begin_read()?;
-        let compacted = self.shared.mvcc.compact_rev();
-        if from < compacted {
-            return Err(StoreError::Compacted {
-                compact_revision: compacted,
-            });
+        let (applied_index, revision) = {
+            let meta = txn.open_table(META)?;
+            let get = |key: &str| -> Result<u64, StoreError> {
+                Ok(meta.get(key)?.map(|g| g.value()).unwrap_or(0))
+            };
+            let revision = get(META_REVISION)?;
+            let revision = i64::try_from(revision)
+                .map_err(|_| StoreError::Storage(format!("revision {revision} out of range")))?;
+            (get(META_APPLIED_INDEX)?, revision)
+        };
+        let conf_state = raft_record(&txn, RAFT_CONF_STATE)?;
+        Ok(PinnedSnapshot {
+            applied_index,
+            revision,
+            conf_state,
+            txn,
+        })
+    }
+
+    /// Replaces this member's whole store with the snapshot file at `path`, which holds the
+    /// state after log entry `index` of term `term` (a leader's [`PinnedSnapshot`]).
+    /// Blocking: call it from the log's own thread, not from async code.
+    ///
+    /// The writer takes it in queue order, after every entry handed over before it. It checks
+    /// the file's digest, replaces every table in one durable transaction (the member keeps
+    /// its own cluster and member ids), records `(index, term)` for
+    /// [`Store::installed_snapshot`], then swaps the in-memory state: reads and watchers
+    /// continue from the snapshot's history, and the next entry to apply is `index + 1`.
+    /// On error nothing has changed.
+    ///
+    /// Only a replicated store installs snapshots, and never one behind what it has applied.
+    ///
+    /// # Panics
+    /// When called from inside an async runtime (it blocks on the writer, as
+    /// [`Store::apply_committed`] does).
+    pub fn install_snapshot(&self, path: &Path, index: u64, term: u64) -> Result<(), StoreError> {
+        if !self.shared.replicated {
+            return Err(StoreError::Storage(
+                "only a replicated store installs snapshots".into(),
+            ));
         }
-        let table = txn.open_table(KV)?;
-        read_events(
-            &table,
-            &self.shared.mvcc.index,
-            compacted,
-            from,
-            through,
-            true,
-        )
+        if self.shared.failed.load(Ordering::Acquire) {
+            return Err(StoreError::Stopped);
+        }
+        let (reply, rx) = oneshot::channel();
+        self.writer
+            .blocking_send(WriterMsg::InstallSnapshot {
+                path: path.to_path_buf(),
+                index,
+                term,
+                reply,
+            })
+            .map_err(|_| StoreError::Stopped)?;
+        rx.blocking_recv().map_err(|_| StoreError::Stopped)?
+    }
+
+    /// The log index and term of the last snapshot installed into this store, if any. The
+    /// store records them in the install's own transaction, so after a crash between the
+    /// store's install and the log's own update they tell the log where the store stands.
+    pub fn installed_snapshot(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        let txn = self.shared.db.read().begin_read()?;
+        let index = raft_record(&txn, RAFT_SNAPSHOT_INDEX)?;
+        let term = raft_record(&txn, RAFT_SNAPSHOT_TERM)?;
+        match (index, term) {
+            (Some(index), Some(term)) => Ok(Some((be_u64(&index)?, be_u64(&term)?))),
+            (None, None) => Ok(None),
+            _ => Err(StoreError::Storage(
+                "installed snapshot has an index or a term, not both".into(),
+            )),
+        }
+    }
+
+    /// raft-rs's encoded `ConfState` as of the last applied membership change (or installed
+    /// snapshot); `None` before there was one.
+    pub fn conf_state(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        let txn = self.shared.db.read().begin_read()?;
+        raft_record(&txn, RAFT_CONF_STATE)
     }
 
     async fn propose(&self, command: Cmd, physical: bool) -> Result<CommandResult, StoreError> {
@@ -750,20 +905,18 @@ impl Store {
         }
     }
 
-    /// The attributes members have published, by id.
-    pub fn member_attributes(
-        &self,
-    ) -> Result<Vec<crate::pb::command::MemberAttributes>, StoreError> {
+    /// The cluster's members as the log recorded them (membership changes, and the
+    /// attributes members published), sorted by id.
+    pub fn members(&self) -> Result<Vec<Member>, StoreError> {
         let txn = self.shared.db.read().begin_read()?;
-        let table = match txn.open_table(mvcc::MEMBERS) {
-            Ok(table) => table,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
+        let Some(table) = mvcc::open_if_exists(&txn, MEMBERS)? else {
+            return Ok(Vec::new());
         };
+        // Rows are keyed by id, so the scan is in id order.
         let mut out = Vec::new();
         for row in table.iter()? {
             let (_, value) = row?;
-            out.push(crate::pb::command::MemberAttributes::decode(value.value())?);
+            out.push(Member::decode(value.value())?);
         }
         Ok(out)
     }
@@ -783,6 +936,61 @@ impl Store {
 
 /// The Raft term a single store reports: one member, one term.
 const RAFT_TERM: u64 = 1;
+
+/// The whole store as one read transaction saw it, pinned for a Raft snapshot
+/// ([`Store::pin_snapshot`]). `applied_index`, `revision` and `conf_state` are those of the
+/// rows [`PinnedSnapshot::write`] streams, however far the store has moved on since.
+///
+/// Holding it keeps the pages of that view allocated, so the file grows under writes until
+/// it is dropped, and defragmentation waits for it: drop it once the transfer is done.
+pub struct PinnedSnapshot {
+    /// The last log index applied in this view.
+    pub applied_index: u64,
+    /// The store revision of this view.
+    pub revision: i64,
+    /// raft-rs's encoded `ConfState` in this view; `None` if no membership change was applied.
+    pub conf_state: Option<Vec<u8>>,
+    txn: ReadTransaction,
+}
+
+// Handed to a blocking task that streams it to a peer while the writer goes on.
+const _: fn() = || {
+    fn send_static<T: Send + 'static>() {}
+    send_static::<PinnedSnapshot>();
+};
+
+impl PinnedSnapshot {
+    /// Writes the snapshot stream ([`crate::snapshot`]) of exactly this view to `out`;
+    /// returns its revision. May be called more than once (a retried transfer).
+    pub fn write(&self, out: &mut impl std::io::Write) -> Result<i64, StoreError> {
+        crate::snapshot::write(&self.txn, out)
+    }
+}
+
+impl std::fmt::Debug for PinnedSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedSnapshot")
+            .field("applied_index", &self.applied_index)
+            .field("revision", &self.revision)
+            .field("conf_state_bytes", &self.conf_state.as_ref().map(Vec::len))
+            .finish_non_exhaustive()
+    }
+}
+
+/// One record of the `raft` table as `txn` sees it.
+fn raft_record(txn: &ReadTransaction, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    let Some(table) = mvcc::open_if_exists(txn, RAFT)? else {
+        return Ok(None);
+    };
+    Ok(table.get(name)?.map(|g| g.value().to_vec()))
+}
+
+fn be_u64(bytes: &[u8]) -> Result<u64, StoreError> {
+    let array: [u8; 8] = bytes
+        .try_into()
+        .map_err(|_| StoreError::Storage(format!("{} bytes are not a u64", bytes.len())))?;
+    Ok(u64::from_be_bytes(array))
+}
 
 fn header_revision(header: &Option<ResponseHeader>) -> i64 {
     header.as_ref().map_or(0, |h| h.revision)
@@ -849,20 +1057,42 @@ fn open_database(dir: &Path) -> Result<Database, StoreError> {
     Ok(db)
 }
 
-struct Loaded {
+/// The in-memory state rebuilt from the tables: at open, and after a snapshot install.
+struct State {
     index: KeyIndex,
     lessor: Lessor,
     revision: i64,
     compact_revision: i64,
     compact_finished: i64,
     applied_index: u64,
+}
+
+/// What opening a store reads: its state and who it is.
+struct Loaded {
+    state: State,
     cluster_id: u64,
     member_id: u64,
 }
 
-/// Creates the tables of a new store, or checks and loads an existing one: rebuilds the index
-/// from the rows and the lessor from the lease table.
+/// Creates the tables of a new store, or checks and loads an existing one.
 fn load(db: &Database, identity: Option<(u64, u64)>) -> Result<Loaded, StoreError> {
+    prepare(db, identity)?;
+    let txn = db.begin_read()?;
+    let meta = txn.open_table(META)?;
+    let state = read_state(&meta, &txn.open_table(KV)?, &txn.open_table(LEASES)?)?;
+    let get = |key: &str| -> Result<u64, StoreError> {
+        Ok(meta.get(key)?.map(|g| g.value()).unwrap_or(0))
+    };
+    Ok(Loaded {
+        state,
+        cluster_id: get(META_CLUSTER_ID)?,
+        member_id: get(META_MEMBER_ID)?,
+    })
+}
+
+/// Creates the tables (and identity) of a new store, or checks an existing one's format and
+/// identity; creates tables a store from an older build lacks.
+fn prepare(db: &Database, identity: Option<(u64, u64)>) -> Result<(), StoreError> {
     let txn = db.begin_write()?;
     {
         let mut meta = txn.open_table(META)?;
@@ -908,12 +1138,21 @@ fn load(db: &Database, identity: Option<(u64, u64)>) -> Result<Loaded, StoreErro
         }
         txn.open_table(KV)?;
         txn.open_table(LEASES)?;
-        txn.open_table(mvcc::MEMBERS)?;
+        txn.open_table(MEMBERS)?;
+        txn.open_table(RAFT)?;
     }
     txn.commit()?;
+    Ok(())
+}
 
-    let txn = db.begin_read()?;
-    let meta = txn.open_table(META)?;
+/// Rebuilds the in-memory state from the tables: the key index from the rows, the lessor
+/// from the lease table and the keys' leases. Generic over the table kind so that an install
+/// can rebuild from its write transaction before it commits.
+fn read_state(
+    meta: &impl ReadableTable<&'static str, u64>,
+    kv: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    leases: &impl ReadableTable<i64, i64>,
+) -> Result<State, StoreError> {
     let get = |key: &str| -> Result<u64, StoreError> {
         Ok(meta.get(key)?.map(|g| g.value()).unwrap_or(0))
     };
@@ -924,11 +1163,8 @@ fn load(db: &Database, identity: Option<(u64, u64)>) -> Result<Loaded, StoreErro
     let compact_revision = as_rev(get(META_COMPACT_REVISION)?)?;
     let compact_finished = as_rev(get(META_COMPACT_FINISHED)?)?;
     let applied_index = get(META_APPLIED_INDEX)?;
-    let cluster_id = get(META_CLUSTER_ID)?;
-    let member_id = get(META_MEMBER_ID)?;
 
     let mut index = KeyIndex::default();
-    let kv = txn.open_table(KV)?;
     let mut last = Rev::default();
     let mut lease_of: std::collections::HashMap<Bytes, i64> = std::collections::HashMap::new();
     for row in kv.iter()? {
@@ -960,7 +1196,6 @@ fn load(db: &Database, identity: Option<(u64, u64)>) -> Result<Loaded, StoreErro
         )));
     }
     let mut lessor = Lessor::default();
-    let leases = txn.open_table(LEASES)?;
     for row in leases.iter()? {
         let (id, ttl) = row?;
         // Every lease restarts its full TTL: the time the store was down is not held against
@@ -970,15 +1205,13 @@ fn load(db: &Database, identity: Option<(u64, u64)>) -> Result<Loaded, StoreErro
     for (key, lease) in lease_of {
         lessor.attach(lease, &key);
     }
-    Ok(Loaded {
+    Ok(State {
         index,
         lessor,
         revision,
         compact_revision,
         compact_finished,
         applied_index,
-        cluster_id,
-        member_id,
     })
 }
 
@@ -1104,15 +1337,31 @@ fn apply_commands<'c>(
             Some(Cmd::LeaseRevoke(req)) => apply
                 .lease_revoke(req.id)
                 .map(|revision| CommandResult::LeaseRevoke { revision }),
-            Some(Cmd::MemberAttributes(attrs)) => txn
-                .open_table(mvcc::MEMBERS)
-                .map_err(StoreError::from)
-                .and_then(|mut members| {
-                    members
-                        .insert(attrs.id, attrs.encode_to_vec().as_slice())
-                        .map_err(StoreError::from)?;
-                    Ok(CommandResult::MemberPublished)
-                }),
+            // Member rows are read before anything is written, so a row that cannot be read
+            // fails the command alone; a failed write after that leaves the transaction
+            // half-written, and the batch is abandoned (`?`).
+            Some(Cmd::MemberAttributes(attrs)) => {
+                let mut members = txn.open_table(MEMBERS)?;
+                match mvcc::read_member(&members, attrs.id) {
+                    Ok(existing) => {
+                        let row = mvcc::merge_attributes(existing, attrs);
+                        members.insert(row.id, row.encode_to_vec().as_slice())?;
+                        Ok(CommandResult::MemberPublished)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Some(Cmd::Membership(change)) => {
+                let mut members = txn.open_table(MEMBERS)?;
+                match mvcc::membership_rows(&members, change) {
+                    Ok(rows) => {
+                        let mut raft = txn.open_table(RAFT)?;
+                        mvcc::write_membership(&mut members, &mut raft, &rows, change)?;
+                        Ok(CommandResult::Membership)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             Some(Cmd::Compaction(req)) => apply.compact(req.revision).map(|revision| {
                 new_compaction = Some(req.revision);
                 CommandResult::Compact { revision }
@@ -1182,6 +1431,32 @@ fn replay(
     Ok(())
 }
 
+/// An install's critical section for readers: the install generation is odd from
+/// [`InstallWindow::open`] until the window is dropped, whether the install's commit
+/// succeeded or not. Opened and dropped while the index write lock is held.
+struct InstallWindow<'a> {
+    generation: &'a AtomicU64,
+}
+
+impl<'a> InstallWindow<'a> {
+    /// # Panics
+    /// If another window is open: installs are the writer's alone, one at a time.
+    fn open(generation: &'a AtomicU64) -> Self {
+        let before = generation.fetch_add(1, Ordering::SeqCst);
+        assert!(
+            before.is_multiple_of(2),
+            "install generation {before} is odd: two installs at once"
+        );
+        Self { generation }
+    }
+}
+
+impl Drop for InstallWindow<'_> {
+    fn drop(&mut self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 /// Physical compaction in progress.
 struct CompactionJob {
     at: i64,
@@ -1237,11 +1512,12 @@ impl Writer {
             let mut others = Vec::new();
             let mut next = Some(first);
             while let Some(msg) = next.take() {
+                let barrier = matches!(msg, WriterMsg::InstallSnapshot { .. });
                 match msg {
                     WriterMsg::Command(pending) => commands.push(pending),
                     other => others.push(other),
                 }
-                if commands.len() < WRITE_BATCH_COMMANDS_MAX {
+                if !barrier && commands.len() < WRITE_BATCH_COMMANDS_MAX {
                     next = self.rx.try_recv().ok();
                 }
             }
@@ -1266,6 +1542,18 @@ impl Writer {
                             self.fail(&e);
                             return;
                         }
+                    }
+                    WriterMsg::InstallSnapshot {
+                        path,
+                        index,
+                        term,
+                        reply,
+                    } => {
+                        let result = self.install_snapshot(&path, index, term);
+                        if let Err(e) = &result {
+                            warn!(index, term, error = %e, "installing a snapshot failed");
+                        }
+                        let _ = reply.send(result);
                     }
                     WriterMsg::Shutdown => {
                         if self.shared.stopping.load(Ordering::Acquire) {
@@ -1416,6 +1704,99 @@ impl Writer {
         Ok(())
     }
 
+    /// Replaces the store with the snapshot at `path` (see [`Store::install_snapshot`]).
+    ///
+    /// The new state is rebuilt from the write transaction before it commits, so that the
+    /// index write lock is held only for the commit and the swap; readers that overlap that
+    /// window see the install generation move and read again.
+    fn install_snapshot(&mut self, path: &Path, index: u64, term: u64) -> Result<(), StoreError> {
+        if index < self.cursor.applied_index {
+            return Err(StoreError::Storage(format!(
+                "snapshot at log index {index} is behind applied index {}",
+                self.cursor.applied_index
+            )));
+        }
+        let db = self.shared.db.read();
+        let mut txn = db.begin_write()?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(StoreError::storage)?;
+        let snapshot_revision = crate::snapshot::install(&txn, path, index, term)?;
+        let state = read_state(
+            &txn.open_table(META)?,
+            &txn.open_table(KV)?,
+            &txn.open_table(LEASES)?,
+        )?;
+        assert_eq!(
+            state.applied_index, index,
+            "install wrote applied index {} for snapshot index {index}",
+            state.applied_index
+        );
+        assert_eq!(
+            state.revision, snapshot_revision,
+            "install wrote revision {} for a snapshot at revision {snapshot_revision}",
+            state.revision
+        );
+        let State {
+            index: key_index,
+            lessor,
+            revision,
+            compact_revision,
+            compact_finished,
+            applied_index: _,
+        } = state;
+        {
+            let mut shared_index = self.shared.mvcc.index.write();
+            let _window = InstallWindow::open(&self.shared.install_generation);
+            txn.commit()?;
+            *shared_index = key_index;
+            *self.shared.mvcc.lessor.lock() = lessor;
+            self.shared
+                .mvcc
+                .compact_rev
+                .store(compact_revision, Ordering::Release);
+            self.shared
+                .mvcc
+                .current_rev
+                .store(revision, Ordering::Release);
+            self.shared.applied_index.store(index, Ordering::Release);
+            self.shared.hub.jump(revision);
+        }
+        drop(db);
+        self.cursor = ApplyCursor {
+            applied_index: index,
+            rev: revision,
+            floor: compact_revision,
+        };
+        // The install's commit was durable: the applied index is the durable one now.
+        self.checkpointed()?;
+        self.compaction = (compact_finished < compact_revision).then_some(CompactionJob {
+            at: compact_revision,
+            cursor: None,
+        });
+        if self.compaction.is_none() {
+            // The snapshot's rows are compacted through its floor already.
+            let (ready, waiting): (Vec<_>, Vec<_>) = self
+                .physical_waiters
+                .drain(..)
+                .partition(|(target, _)| *target <= compact_revision);
+            self.physical_waiters = waiting;
+            for (_, reply) in ready {
+                let _ = reply.send(Ok(CommandResult::Compact { revision }));
+            }
+        }
+        self.shared.applied_watch.send_replace(index);
+        self.shared.wake_syncer();
+        info!(
+            index,
+            term,
+            revision,
+            compact_revision,
+            keys = self.shared.mvcc.index.read().len(),
+            "installed snapshot"
+        );
+        Ok(())
+    }
+
     /// Commits redb durably if the log holds commands redb has not made durable.
     fn checkpoint(&mut self) -> Result<(), StoreError> {
         if self.unchecked == 0 {
@@ -1563,39 +1944,55 @@ fn run_syncer(shared: &Shared) {
 
 /// One round: reads at most [`WATCH_SYNC_REVISIONS_MAX`] revisions of history once and hands
 /// each unsynced watcher its part.
+///
+/// The round combines the hub's watchers, the compaction floor and the index (for `prev_kv`)
+/// with rows of a read transaction; a snapshot install that overlaps it may have replaced any
+/// of them, so such a round delivers nothing and the next one starts over (the install wakes
+/// it). The hub's epoch covers an install that starts after the round's reads and is done
+/// before a delivery.
 fn sync_round(shared: &Shared) -> Result<(), StoreError> {
-    let (watchers, current) = shared.hub.unsynced(WATCH_SYNC_WATCHERS_MAX);
-    if watchers.is_empty() {
+    let generation = shared.install_generation.load(Ordering::SeqCst);
+    if !generation.is_multiple_of(2) {
         return Ok(());
     }
+    let round = shared.hub.unsynced(WATCH_SYNC_WATCHERS_MAX);
+    if round.watchers.is_empty() {
+        return Ok(());
+    }
+    let current = round.current_rev;
     // The read transaction starts before the compaction floor is read: rows at or above the
     // floor this round sees are never deleted while the transaction lives.
     let txn = shared.db.read().begin_read()?;
     let compacted = shared.mvcc.compact_rev();
-    let mut live = Vec::new();
-    for w in watchers {
-        if w.next_rev < compacted {
-            shared.hub.compacted(w.stream, w.watch_id, compacted);
-        } else {
-            live.push(w);
-        }
+    let (gone, live): (Vec<_>, Vec<_>) = round
+        .watchers
+        .into_iter()
+        .partition(|w| w.next_rev < compacted);
+    let mut events = Vec::new();
+    let mut through = current;
+    if let Some(from) = live.iter().map(|w| w.next_rev).min() {
+        through = current.min(from.saturating_add(WATCH_SYNC_REVISIONS_MAX - 1));
+        let table = txn.open_table(KV)?;
+        let with_prev = live.iter().any(|w| w.prev_kv);
+        events = read_events(
+            &table,
+            &shared.mvcc.index,
+            compacted,
+            from,
+            through,
+            with_prev,
+        )?;
     }
-    let Some(from) = live.iter().map(|w| w.next_rev).min() else {
-        return Ok(());
-    };
-    let through = current.min(from.saturating_add(WATCH_SYNC_REVISIONS_MAX - 1));
-    let table = txn.open_table(KV)?;
-    let with_prev = live.iter().any(|w| w.prev_kv);
-    let events = read_events(
-        &table,
-        &shared.mvcc.index,
-        compacted,
-        from,
-        through,
-        with_prev,
-    )?;
-    drop(table);
     drop(txn);
+    if shared.install_generation.load(Ordering::SeqCst) != generation {
+        shared.wake_syncer();
+        return Ok(());
+    }
+    for w in gone {
+        shared
+            .hub
+            .compacted(round.epoch, w.stream, w.watch_id, compacted);
+    }
     let mut any_behind = false;
     for w in live {
         let mine: Vec<Event> = events
@@ -1617,7 +2014,7 @@ fn sync_round(shared: &Shared) -> Result<(), StoreError> {
             .collect();
         if !shared
             .hub
-            .deliver_history(w.stream, w.watch_id, mine, through)
+            .deliver_history(round.epoch, w.stream, w.watch_id, mine, through)
             || through < current
         {
             any_behind = true;
@@ -1725,6 +2122,10 @@ impl Store {
     /// compacted revision: members holding the same history give the same hash. Rows are
     /// skerry's, so the number is comparable between skerry members, not with etcd's.
     pub fn hash_kv(&self, revision: i64) -> Result<(u32, i64), StoreError> {
+        self.read_consistent(|| self.hash_kv_once(revision))
+    }
+
+    fn hash_kv_once(&self, revision: i64) -> Result<(u32, i64), StoreError> {
         let txn = self.shared.db.read().begin_read()?;
         let current = self.shared.mvcc.current_rev();
         let compacted = self.shared.mvcc.compact_rev();

@@ -12,6 +12,10 @@
 //! under the hub lock; a progress notification queued for a stream claims the published
 //! revision only when every watcher of that stream is synced, so no event at or below it is
 //! still to come.
+//!
+//! When a snapshot install replaces the history under the hub, [`WatchHub::jump`] sends every
+//! synced watcher to the syncer, which replays the new history from where each watcher
+//! stands; the hub's epoch makes the syncer drop a replay it prepared before the jump.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -96,6 +100,9 @@ struct Stream {
 #[derive(Debug, Default)]
 struct HubInner {
     current_rev: i64,
+    /// Bumped by every [`WatchHub::jump`]: history the syncer read in an earlier epoch may
+    /// be history the jump replaced, and is not delivered.
+    epoch: u64,
     next_stream_id: u64,
     streams: HashMap<u64, Stream>,
     watchers: HashMap<WatcherKey, Watcher>,
@@ -111,6 +118,17 @@ pub enum CreateError {
     DuplicateId,
     /// The stream is gone.
     StreamClosed,
+}
+
+/// What one syncer round serves: unsynced watchers, as of one published revision and epoch.
+#[derive(Debug, Clone)]
+pub struct UnsyncedRound {
+    pub watchers: Vec<UnsyncedWatcher>,
+    /// The published revision: the round replays history up to it.
+    pub current_rev: i64,
+    /// The hub's epoch; pass it back to [`WatchHub::deliver_history`] and
+    /// [`WatchHub::compacted`], which ignore a round from an earlier epoch.
+    pub epoch: u64,
 }
 
 /// One unsynced watcher's state, as the syncer needs it to read its history.
@@ -359,10 +377,10 @@ impl WatchHub {
         }
     }
 
-    /// The unsynced watchers to replay (at most `limit`) and the published revision.
-    pub fn unsynced(&self, limit: usize) -> (Vec<UnsyncedWatcher>, i64) {
+    /// The unsynced watchers to replay (at most `limit`), the published revision and epoch.
+    pub fn unsynced(&self, limit: usize) -> UnsyncedRound {
         let inner = self.inner.lock();
-        let list = inner
+        let watchers = inner
             .unsynced
             .iter()
             .take(limit)
@@ -376,13 +394,48 @@ impl WatchHub {
                 })
             })
             .collect();
-        (list, inner.current_rev)
+        UnsyncedRound {
+            watchers,
+            current_rev: inner.current_rev,
+            epoch: inner.epoch,
+        }
+    }
+
+    /// The history under the hub was replaced (a snapshot install) and now reaches
+    /// `revision`. Every event through the old published revision was already queued to each
+    /// synced watcher, so each moves to the syncer with `next_rev` one past it, and replays
+    /// the new history from there (or hears that it was compacted away). Unsynced watchers
+    /// keep their place. Call it after the new history and index are readable.
+    pub fn jump(&self, revision: i64) {
+        let mut inner = self.inner.lock();
+        let next_rev = inner.current_rev + 1;
+        let synced: Vec<WatcherKey> = inner
+            .watchers
+            .iter()
+            .filter(|(_, w)| w.synced)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in synced {
+            // A watcher that starts in the future keeps its start.
+            let start = inner.watchers.get(&key).map_or(next_rev, |w| w.next_rev);
+            inner.unsync(key, start.max(next_rev));
+        }
+        inner.current_rev = revision;
+        inner.epoch += 1;
+        drop(inner);
+        self.sync_wakeup.notify_one();
     }
 
     /// The watcher asked for history below the compacted revision: tell it and drop it, as
     /// etcd does (a `canceled` response carrying `compact_revision`).
-    pub fn compacted(&self, stream: u64, watch_id: i64, compact_revision: i64) {
+    ///
+    /// Ignored when the hub jumped since `epoch` ([`UnsyncedRound::epoch`]): the next round
+    /// decides again against the new history.
+    pub fn compacted(&self, epoch: u64, stream: u64, watch_id: i64, compact_revision: i64) {
         let mut inner = self.inner.lock();
+        if inner.epoch != epoch {
+            return;
+        }
         let revision = inner.current_rev;
         let Some(s) = inner.streams.get_mut(&stream) else {
             return;
@@ -407,15 +460,21 @@ impl WatchHub {
 
     /// Queues replayed history (`events`, every one at or after the watcher's `next_rev`, up
     /// to revision `through`) and, when nothing newer was published meanwhile, moves the
-    /// watcher back to synced. Returns false if the queue was full (retry later).
+    /// watcher back to synced. Returns false if the queue was full, or the hub jumped since
+    /// `epoch` ([`UnsyncedRound::epoch`]) so the events may be of replaced history: retry
+    /// with a new round.
     pub fn deliver_history(
         &self,
+        epoch: u64,
         stream: u64,
         watch_id: i64,
         events: Vec<Event>,
         through: i64,
     ) -> bool {
         let mut inner = self.inner.lock();
+        if inner.epoch != epoch {
+            return false;
+        }
         let key = (stream, watch_id);
         let current = inner.current_rev;
         let Some(w) = inner.watchers.get(&key) else {
@@ -581,5 +640,58 @@ impl HubInner {
         {
             s.progress_pending = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn create(hub: &WatchHub, stream: u64, tx: &mpsc::Sender<WatchOut>, start: i64) -> i64 {
+        let req = WatchCreateRequest {
+            key: Bytes::from_static(b"a"),
+            range_end: Bytes::from_static(b"z"),
+            start_revision: start,
+            ..Default::default()
+        };
+        let permit = tx.try_reserve().expect("room");
+        hub.create(stream, &req, permit).expect("create")
+    }
+
+    fn next_revs(hub: &WatchHub) -> Vec<(i64, i64)> {
+        let mut revs: Vec<_> = hub
+            .unsynced(usize::MAX)
+            .watchers
+            .iter()
+            .map(|w| (w.watch_id, w.next_rev))
+            .collect();
+        revs.sort_unstable();
+        revs
+    }
+
+    #[test]
+    fn a_jump_sends_synced_watchers_to_replay_from_past_the_old_revision() {
+        let hub = WatchHub::new(5, 1, 1, 1);
+        let (stream, tx, _rx) = hub.open_stream();
+        let live = create(&hub, stream, &tx, 0);
+        let future = create(&hub, stream, &tx, 20);
+        let behind = create(&hub, stream, &tx, 3);
+        let before = hub.unsynced(usize::MAX);
+        assert_eq!(next_revs(&hub), vec![(behind, 3)]);
+
+        hub.jump(12);
+        let round = hub.unsynced(usize::MAX);
+        assert_eq!(round.current_rev, 12);
+        assert_ne!(round.epoch, before.epoch);
+        // Everything through 5 was queued to the live watcher; the future one keeps its
+        // start; the one already replaying keeps its place.
+        assert_eq!(next_revs(&hub), vec![(live, 6), (future, 20), (behind, 3)]);
+        // A replay prepared before the jump is refused and changes nothing.
+        assert!(!hub.deliver_history(before.epoch, stream, behind, vec![], 5));
+        hub.compacted(before.epoch, stream, behind, 4);
+        assert_eq!(hub.counts(), (3, 3, 1));
+        // One prepared after it is taken, and a caught-up watcher is synced again.
+        assert!(hub.deliver_history(round.epoch, stream, live, vec![], 12));
+        assert_eq!(hub.counts(), (3, 2, 1));
     }
 }

@@ -190,7 +190,7 @@ impl EtcdApi {
             is_learner: false,
         }];
         // Other members' client URLs are what they published through the log.
-        let published = self.store.member_attributes().unwrap_or_default();
+        let published = self.store.members().unwrap_or_default();
         members.extend(self.peers.iter().map(|(id, peer)| {
             Member {
                 id: *id,
@@ -198,7 +198,8 @@ impl EtcdApi {
                 peer_urls: peer.peer_urls.clone(),
                 client_urls: published
                     .iter()
-                    .find(|m| m.id == *id)
+                    // A row a membership change made before the member published has none.
+                    .find(|m| m.id == *id && !m.client_urls.is_empty())
                     .map_or_else(|| peer.client_urls.clone(), |m| m.client_urls.clone()),
                 is_learner: false,
             }
