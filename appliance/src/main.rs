@@ -114,6 +114,14 @@ struct ServerArgs {
     /// Time a follower waits for a heartbeat before it stands for election, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     election_timeout: u64,
+    /// Applied entries between compactions of the Raft log; a member further behind than
+    /// the log reaches gets the store as a snapshot.
+    #[arg(long, default_value_t = skerry_raft::config::SNAPSHOT_COUNT_DEFAULT)]
+    snapshot_count: u64,
+    /// Entries kept in the log below the applied index when it is compacted, so a follower
+    /// a little behind catches up from the log.
+    #[arg(long = "experimental-snapshot-catchup-entries", default_value_t = skerry_raft::config::SNAPSHOT_CATCHUP_ENTRIES_DEFAULT)]
+    snapshot_catchup_entries: u64,
     /// This member's peer certificate (PEM), for https:// peer URLs: presented to peers both
     /// as a server and as a client, so it needs both key usages.
     #[arg(long)]
@@ -207,6 +215,12 @@ fn cluster_config(args: &ServerArgs) -> Result<Option<ClusterConfig>> {
         Duration::from_millis(args.election_timeout),
     )?
     .with_peer_tls(peer_tls)?;
+    let mut config = config;
+    if args.snapshot_count == 0 {
+        bail!("--snapshot-count must be at least 1");
+    }
+    config.snapshot_count = args.snapshot_count;
+    config.snapshot_catchup_entries = args.snapshot_catchup_entries;
     Ok(Some(config))
 }
 
@@ -282,7 +296,7 @@ fn server(args: ServerArgs) -> Result<()> {
         (_, _, true) => bail!("https:// client URLs need --cert-file and --key-file"),
         (_, _, false) => bail!("--cert-file and --key-file need https:// client URLs"),
     };
-    let cluster = cluster_config(&args)?;
+    let mut cluster = cluster_config(&args)?;
     let data_dir = match args.data_dir.clone() {
         Some(dir) => dir,
         None => {
@@ -291,6 +305,9 @@ fn server(args: ServerArgs) -> Result<()> {
             PathBuf::from(home).join(DATA_DIR_DEFAULT)
         }
     };
+    let joining = cluster
+        .as_ref()
+        .is_some_and(|c| c.state == ClusterState::Existing);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -307,13 +324,45 @@ fn server(args: ServerArgs) -> Result<()> {
         }
         let mut config = StoreConfig::new(&data_dir);
         config.progress_notify_interval = args.progress_notify_interval;
-        if let Some(cluster) = &cluster {
+        let store_exists = data_dir.join(skerry_store::store::DB_FILE_NAME).exists();
+        if let Some(cluster) = cluster.as_mut() {
             config.replicated = true;
-            config.identity = Some((cluster.cluster_id, cluster.id));
+            if joining && !store_exists {
+                // `member add` chose our id; a member of the running cluster tells us.
+                let answer = ask_to_join(cluster).await?;
+                cluster.join(answer.cluster_id, answer.member_id, &answer.members);
+            }
+            // A member that joined earlier has the ids the cluster gave it in its store.
+            config.identity =
+                (!(joining && store_exists)).then_some((cluster.cluster_id, cluster.id));
         }
         let store = Store::open(config).context("open store")?;
+        if let Some(cluster) = cluster.as_mut()
+            && joining
+            && store_exists
+        {
+            let members: Vec<(u64, String)> = store
+                .members()?
+                .into_iter()
+                .filter_map(|m| m.peer_urls.first().map(|u| (m.id, u.clone())))
+                .collect();
+            if members.is_empty() {
+                // Stopped before the cluster sent it anything: ask again.
+                let answer = ask_to_join(cluster).await?;
+                if answer.member_id != store.member_id() {
+                    bail!(
+                        "the cluster knows this member's peer URL as member {:x}, but the data \
+                         dir belongs to member {:x}; wipe it and start again",
+                        answer.member_id,
+                        store.member_id()
+                    );
+                }
+                cluster.join(answer.cluster_id, answer.member_id, &answer.members);
+            } else {
+                cluster.join(store.cluster_id(), store.member_id(), &members);
+            }
+        }
         let mut node = None;
-        let mut peers = Vec::new();
         let mut own_peer_urls = Vec::new();
         if let Some(cluster) = &cluster {
             node = Some(
@@ -321,20 +370,7 @@ fn server(args: ServerArgs) -> Result<()> {
                     .await
                     .context("start raft")?,
             );
-            for member in cluster.members.values() {
-                if member.id == cluster.id {
-                    own_peer_urls = member.peer_urls.clone();
-                } else {
-                    peers.push((
-                        member.id,
-                        MemberInfo {
-                            name: member.name.clone(),
-                            client_urls: Vec::new(),
-                            peer_urls: member.peer_urls.clone(),
-                        },
-                    ));
-                }
-            }
+            own_peer_urls = cluster.advertise_peer_urls();
             println!(
                 "skerry: member {} ({:x}) of cluster {:x}, {} members, peers on {}",
                 cluster.name,
@@ -363,8 +399,7 @@ fn server(args: ServerArgs) -> Result<()> {
                 client_urls: advertise,
                 peer_urls: own_peer_urls,
             },
-        )
-        .with_peers(peers);
+        );
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut servers = Vec::new();
         for (url, listener) in args.listen_client_urls.iter().zip(listeners) {
@@ -395,7 +430,18 @@ fn server(args: ServerArgs) -> Result<()> {
             );
         }
         info!(name = %args.name, data_dir = %data_dir.display(), "skerry server started");
-        shutdown_signal().await;
+        let removed = async {
+            let Some(handle) = node.as_ref().map(RaftNode::handle) else {
+                return std::future::pending().await;
+            };
+            while !handle.removed() {
+                tokio::time::sleep(REMOVED_POLL).await;
+            }
+        };
+        let was_removed = tokio::select! {
+            _ = shutdown_signal() => false,
+            _ = removed => true,
+        };
         info!("shutting down");
         let _ = stop_tx.send(true);
         for server in servers {
@@ -412,8 +458,51 @@ fn server(args: ServerArgs) -> Result<()> {
             node.stop_gracefully();
         }
         store.close();
+        if was_removed {
+            bail!("this member was removed from the cluster (etcdctl member remove); stopped");
+        }
         Ok::<(), anyhow::Error>(())
     })
+}
+
+/// How long a joining member keeps asking the running cluster for its id: long enough for a
+/// `member add` typed just after starting it.
+const JOIN_ASK_FOR: Duration = Duration::from_secs(30);
+
+/// Asks the other members in --initial-cluster, in turn, what id `member add` gave our peer
+/// URL, until one knows (`--initial-cluster-state existing`).
+async fn ask_to_join(cluster: &ClusterConfig) -> Result<skerry_raft::transport::JoinAnswer> {
+    let my_urls = cluster.advertise_peer_urls();
+    let my_url = my_urls
+        .first()
+        .context("this member has no peer URL in --initial-cluster")?;
+    let deadline = tokio::time::Instant::now() + JOIN_ASK_FOR;
+    let mut last = String::from("no other member in --initial-cluster");
+    loop {
+        for (_, addr) in cluster.peer_addrs()? {
+            match skerry_raft::transport::ask_to_join(addr, my_url, &cluster.peer_tls).await {
+                Ok(answer) if answer.member_id != 0 => {
+                    info!(
+                        member = format_args!("{:x}", answer.member_id),
+                        cluster = format_args!("{:x}", answer.cluster_id),
+                        "the running cluster knows this member"
+                    );
+                    return Ok(answer);
+                }
+                Ok(_) => {
+                    last = format!(
+                        "{addr} does not know {my_url}: run `etcdctl member add {} --peer-urls={my_url}` first",
+                        cluster.name
+                    );
+                }
+                Err(e) => last = format!("{addr}: {e}"),
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("--initial-cluster-state existing: cannot join: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Accepts TCP connections and runs each TLS handshake in its own task (bounded by
@@ -462,6 +551,8 @@ const TLS_ACCEPTED_QUEUE: usize = 128;
 /// Pause between attempts to publish this member's attributes while no leader takes them.
 const PUBLISH_RETRY: Duration = Duration::from_millis(500);
 
+/// How often the server checks whether the cluster removed this member.
+const REMOVED_POLL: Duration = Duration::from_millis(200);
 /// How long open streams (watches, keep-alives) get to finish at shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 

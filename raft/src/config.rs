@@ -23,6 +23,14 @@ pub const ELECTION_HEARTBEATS_MIN: u32 = 5;
 /// etcd's upper bound on the election timeout (50 s): beyond it a dead leader goes unnoticed
 /// for too long.
 pub const ELECTION_TIMEOUT_MAX: Duration = Duration::from_secs(50);
+/// etcd 3.4's default `--snapshot-count`: applied entries between log compactions. Fewer
+/// means a smaller log and more frequent compaction; a member further behind than the log
+/// reaches gets the store as a snapshot instead.
+pub const SNAPSHOT_COUNT_DEFAULT: u64 = 100_000;
+/// Entries kept in the log below the applied index when it is compacted (etcd's
+/// `SnapshotCatchUpEntries`): a follower a little behind (a restart, a slow disk) catches up
+/// from the log rather than needing the whole store.
+pub const SNAPSHOT_CATCHUP_ENTRIES_DEFAULT: u64 = 5_000;
 /// etcd's default `--initial-cluster-token`.
 pub const CLUSTER_TOKEN_DEFAULT: &str = "etcd-cluster";
 
@@ -75,6 +83,10 @@ pub struct ClusterConfig {
     pub peer_https: bool,
     /// Peer TLS, loaded from its files, present exactly when `peer_https`.
     pub peer_tls: Option<crate::tls::PeerTls>,
+    /// `--snapshot-count`: applied entries between log compactions.
+    pub snapshot_count: u64,
+    /// `--experimental-snapshot-catchup-entries`: entries kept below the applied index.
+    pub snapshot_catchup_entries: u64,
 }
 
 impl ClusterConfig {
@@ -179,7 +191,47 @@ impl ClusterConfig {
             election,
             peer_https,
             peer_tls: None,
+            snapshot_count: SNAPSHOT_COUNT_DEFAULT,
+            snapshot_catchup_entries: SNAPSHOT_CATCHUP_ENTRIES_DEFAULT,
         })
+    }
+
+    /// Takes the ids a running cluster gave this member (`--initial-cluster-state existing`:
+    /// `member add` chose our id, not the flags): the cluster id, ours, and every member's
+    /// peer URL.
+    pub fn join(&mut self, cluster_id: u64, id: u64, members: &[(u64, String)]) {
+        let me = self.members.remove(&self.id);
+        self.members = members
+            .iter()
+            .map(|(member, url)| {
+                let name = if *member == id {
+                    me.as_ref().map_or_else(String::new, |m| m.name.clone())
+                } else {
+                    String::new()
+                };
+                (
+                    *member,
+                    Member {
+                        id: *member,
+                        name,
+                        peer_urls: vec![url.clone()],
+                    },
+                )
+            })
+            .collect();
+        if let (Some(me), false) = (me, self.members.contains_key(&id)) {
+            self.members.insert(id, Member { id, ..me });
+        }
+        self.cluster_id = cluster_id;
+        self.id = id;
+    }
+
+    /// This member's own peer URLs (what others dial).
+    pub fn advertise_peer_urls(&self) -> Vec<String> {
+        self.members
+            .get(&self.id)
+            .map(|m| m.peer_urls.clone())
+            .unwrap_or_default()
     }
 
     /// Adds the peer TLS files (`--peer-cert-file`, `--peer-key-file`,

@@ -16,6 +16,8 @@
 //!   be at or below the last one held (a new leader overwriting a suffix).
 //! - `HARD_STATE`, `CONF_STATE`: protobufs; the last one wins.
 //! - `FLOOR`: `u64 index | u64 term` of the last entry compacted away.
+//! - `SNAPSHOT`: the same, written when a snapshot from the leader replaced the log: every
+//!   entry before it is dropped, including any above its index.
 //!
 //! Opening replays every record in order into the in-memory log.
 //! Compaction writes a FLOOR record and the current hard and conf state, then releases the
@@ -37,6 +39,9 @@ const RECORD_ENTRIES: u8 = 1;
 const RECORD_HARD_STATE: u8 = 2;
 const RECORD_CONF_STATE: u8 = 3;
 const RECORD_FLOOR: u8 = 4;
+/// A floor that also drops every entry above it: a snapshot installed from the leader
+/// replaces the whole log.
+const RECORD_SNAPSHOT: u8 = 5;
 
 /// Name of the log directory inside the member's raft dir.
 pub const WAL_LOG_DIR: &str = "log";
@@ -156,7 +161,7 @@ impl LogStore {
         if let Some((_, payload)) = records
             .iter()
             .rev()
-            .find(|(_, p)| p.first() == Some(&RECORD_FLOOR))
+            .find(|(_, p)| matches!(p.first(), Some(&RECORD_FLOOR | &RECORD_SNAPSHOT)))
         {
             let (index, term) = decode_floor(&payload[1..])?;
             core.compact(index, term);
@@ -179,6 +184,13 @@ impl LogStore {
                 RECORD_FLOOR => {
                     let (index, term) = decode_floor(body)?;
                     core.compact(index, term);
+                }
+                RECORD_SNAPSHOT => {
+                    let (index, term) = decode_floor(body)?;
+                    core.entries.clear();
+                    core.snap_index = index;
+                    core.snap_term = term;
+                    entry_records.clear();
                 }
                 other => {
                     return Err(RaftError::Corrupt(format!(
@@ -352,6 +364,60 @@ impl LogStore {
             .map_or(seq - 1, |(first_live, _)| first_live - 1);
         writer.wal.release(release).map_err(storage)?;
         Ok(())
+    }
+
+    /// Replaces the whole log by a snapshot's floor (`index`, `term`) and membership, as a
+    /// member does once its store installed a snapshot from the leader: every entry held is
+    /// dropped (raft-rs sends the entries after the snapshot again), the hard state commits
+    /// at least `index`, and every segment before the new records is released.
+    pub fn apply_snapshot(&self, index: u64, term: u64, conf: &ConfState) -> Result<(), RaftError> {
+        let hard = {
+            let core = self.core.read();
+            let mut hard = core.hard.clone();
+            hard.commit = hard.commit.max(index);
+            hard.term = hard.term.max(term);
+            hard
+        };
+        let mut writer = self.writer.lock();
+        let writer = &mut *writer;
+        let mut floor_record = vec![RECORD_SNAPSHOT];
+        floor_record.extend_from_slice(&index.to_le_bytes());
+        floor_record.extend_from_slice(&term.to_le_bytes());
+        let mut hard_record = vec![RECORD_HARD_STATE];
+        encode_into(&hard, &mut hard_record)?;
+        let mut conf_record = vec![RECORD_CONF_STATE];
+        encode_into(conf, &mut conf_record)?;
+        let seq = writer.next_seq();
+        writer
+            .wal
+            .append([
+                (seq, floor_record.as_slice()),
+                (seq + 1, hard_record.as_slice()),
+                (seq + 2, conf_record.as_slice()),
+            ])
+            .map_err(storage)?;
+        {
+            let mut core = self.core.write();
+            core.entries.clear();
+            core.snap_index = index;
+            core.snap_term = term;
+            core.hard = hard;
+            core.conf = conf.clone();
+        }
+        writer.entry_records.clear();
+        writer.wal.release(seq - 1).map_err(storage)?;
+        Ok(())
+    }
+
+    /// Whether the log holds entry `index` with `term` (or has it as its floor).
+    pub fn has_entry(&self, index: u64, term: u64) -> bool {
+        let core = self.core.read();
+        if index == core.snap_index {
+            return core.snap_term == term;
+        }
+        index > core.snap_index
+            && index <= core.last_index()
+            && core.entries[(index - core.first_index()) as usize].term == term
     }
 
     /// Segment files on disk, for tests.

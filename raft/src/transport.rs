@@ -1,6 +1,17 @@
 //! Peer transport: one TCP connection per ordered pair of members, length-prefixed frames of
 //! raft `Message`s, batched per write, reconnected with capped backoff.
 //!
+//! Three other kinds of connection share the peer port, told apart by their hello:
+//! - a *snapshot stream* carries one raft snapshot message and then the store's data in
+//!   chunks, on its own connection so that heartbeats and appends to the other members never
+//!   queue behind it; the receiver writes it to a file, checks its digest, hands the message
+//!   to its node and acknowledges; the sender then reports the outcome to raft-rs;
+//! - a *join query* lets a member started with `--initial-cluster-state existing` learn the
+//!   cluster id, its own member id (given by `member add`) and the other members' addresses;
+//! - membership requests a follower's clients made are forwarded to the leader on the
+//!   ordinary connection (frame kinds below), since only the leader knows whether a learner
+//!   has caught up.
+//!
 //! Each member dials every peer once and sends only on its own connection; it receives on the
 //! connections its peers dialled. A connection opens with a hello naming the cluster, the
 //! sender and the receiver; a connection for another cluster or another member is closed.
@@ -10,11 +21,14 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use protobuf::Message as _;
-use raft::eraftpb::Message;
+use raft::eraftpb::{Message, MessageType};
+use skerry_store::replication::MembershipChange;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -40,11 +54,42 @@ pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_millis(500);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 const HELLO_MAGIC: &[u8; 8] = b"skryraf1";
+/// Hello of a connection that carries one snapshot.
+const HELLO_SNAPSHOT_MAGIC: &[u8; 8] = b"skrysnp1";
+/// Hello of a join query.
+const HELLO_JOIN_MAGIC: &[u8; 8] = b"skryjoi1";
 const HELLO_BYTES: usize = 32;
+
+/// Bytes of store data per snapshot chunk: large enough that framing costs nothing, small
+/// enough that a few chunks in flight bound the memory a transfer takes.
+pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+/// Chunks produced ahead of the socket: the store is read while the network sends.
+const SNAPSHOT_CHUNKS_AHEAD: usize = 4;
+/// Largest snapshot a member accepts: far above any edge cluster's store (etcd's default
+/// quota is 2 GiB, its maximum 8 GiB), and a bound on what a hostile peer can make us write.
+pub const SNAPSHOT_BYTES_MAX: u64 = 16 << 30;
+/// A snapshot stream that makes no progress for this long is abandoned (and retried by
+/// raft-rs): a dead peer must not hold the leader's snapshot forever.
+pub const SNAPSHOT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest join answer or peer URL accepted.
+const JOIN_BYTES_MAX: usize = 64 << 10;
 
 /// What the transport hands the node.
 pub enum Received {
+    /// A raft message. A snapshot message arrives only once its data is on disk: its
+    /// `snapshot.data` is then the path of the file (see [`snapshot_file`]).
     Message(Message),
+    /// How a snapshot we sent to `peer` ended: `true` once the peer has it on disk.
+    SnapshotSent { peer: u64, ok: bool },
+    /// A membership change a follower's client asked for, forwarded to us (the leader);
+    /// `proposal` is the follower's id for it.
+    Membership {
+        from: u64,
+        proposal: u64,
+        change: MembershipChange,
+    },
+    /// The leader refused a membership change we forwarded.
+    MembershipRefused { proposal: u64, reason: String },
     /// Leases a follower's clients renewed (for the leader's lessor).
     LeaseRenewals(Vec<i64>),
     /// The connection a peer had opened to us closed: the peer process is gone or restarting
@@ -60,23 +105,88 @@ pub type Inbound = std::sync::Arc<dyn Fn(Received) -> bool + Send + Sync>;
 pub enum Outbound {
     Raft(Message),
     LeaseRenewals(Vec<i64>),
+    Membership {
+        proposal: u64,
+        change: MembershipChange,
+    },
+    MembershipRefused {
+        proposal: u64,
+        reason: String,
+    },
 }
 
-/// Frame kinds: a raft message, or lease ids renewed by a follower's clients.
+/// Frame kinds: a raft message, lease ids renewed by a follower's clients, a forwarded
+/// membership change and its refusal.
 const FRAME_RAFT: u8 = 0;
 const FRAME_LEASE_RENEWALS: u8 = 1;
+const FRAME_MEMBERSHIP: u8 = 2;
+const FRAME_MEMBERSHIP_REFUSED: u8 = 3;
+
+/// Membership change kinds in a forwarded frame.
+const CHANGE_ADD: u8 = 1;
+const CHANGE_ADD_LEARNER: u8 = 2;
+const CHANGE_PROMOTE: u8 = 3;
+const CHANGE_REMOVE: u8 = 4;
+
+/// What a join query learns from a member of the running cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinAnswer {
+    pub cluster_id: u64,
+    /// The id `member add` gave the asking member's peer URL; 0 if none has.
+    pub member_id: u64,
+    /// Every member's id and first peer URL.
+    pub members: Vec<(u64, String)>,
+}
+
+/// Answers join queries: the asker's peer URL in, what the cluster knows of it out.
+pub type JoinDirectory = Arc<dyn Fn(&str) -> Option<JoinAnswer> + Send + Sync>;
+
+/// The store data of snapshots this member is about to send, by receiving peer: filled when
+/// raft-rs asks the node's storage for a snapshot, taken when the message goes out.
+pub type OutgoingSnapshots = Arc<parking_lot::Mutex<HashMap<u64, skerry_store::PinnedSnapshot>>>;
+
+/// Where a member receives snapshots, and what the transport needs to send its own.
+#[derive(Clone)]
+pub struct SnapshotSetup {
+    /// Directory for incoming snapshot files.
+    pub dir: PathBuf,
+    pub outgoing: OutgoingSnapshots,
+    pub directory: JoinDirectory,
+}
+
+/// Anything a peer connection runs over: TCP, or TLS over TCP.
+trait PeerIo: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> PeerIo for T {}
 
 /// Peers cut off by fault injection (see [`Transport::cut`]).
-type Cut = std::sync::Arc<parking_lot::RwLock<std::collections::HashSet<u64>>>;
+type Cut = Arc<parking_lot::RwLock<std::collections::HashSet<u64>>>;
 
-#[derive(Clone)]
-pub struct Transport {
-    peers: HashMap<u64, mpsc::Sender<Outbound>>,
+/// One peer we send to: its queue, its address, its sender task.
+struct Peer {
+    tx: mpsc::Sender<Outbound>,
+    addr: SocketAddr,
+    task: tokio::task::AbortHandle,
+}
+
+struct Inner {
+    cluster_id: u64,
+    self_id: u64,
+    peers: parking_lot::RwLock<HashMap<u64, Peer>>,
     /// Peers whose traffic is dropped both ways: a network partition, for tests and the
     /// torture suite's nemesis. Empty in normal operation.
     cut: Cut,
-    /// The listener and sender tasks, stopped by [`Transport::shutdown`].
-    tasks: std::sync::Arc<Vec<tokio::task::AbortHandle>>,
+    tls: Option<PeerTls>,
+    snapshots: SnapshotSetup,
+    inbound: Inbound,
+    /// The runtime the transport's tasks run on (the Raft thread adds peers from outside it).
+    runtime: tokio::runtime::Handle,
+    /// The listener task, stopped by [`Transport::shutdown`].
+    accept: parking_lot::Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+#[derive(Clone)]
+pub struct Transport {
+    inner: Arc<Inner>,
 }
 
 /// How long a (re)starting member retries its peer port while the previous incarnation's
@@ -92,6 +202,7 @@ impl Transport {
         peers: Vec<(u64, SocketAddr)>,
         inbound: Inbound,
         tls: Option<PeerTls>,
+        snapshots: SnapshotSetup,
     ) -> Result<Transport, RaftError> {
         let deadline = std::time::Instant::now() + BIND_RETRY_FOR;
         let listener = loop {
@@ -110,73 +221,138 @@ impl Transport {
                 }
             }
         };
+        std::fs::create_dir_all(&snapshots.dir).map_err(RaftError::storage)?;
         info!(%listen, "listening for peers");
-        let cut = Cut::default();
-        let mut tasks = vec![
-            tokio::spawn(accept_loop(
-                listener,
+        let transport = Transport {
+            inner: Arc::new(Inner {
                 cluster_id,
                 self_id,
+                peers: Default::default(),
+                cut: Cut::default(),
+                tls,
+                snapshots,
                 inbound,
-                cut.clone(),
-                tls.clone(),
-            ))
-            .abort_handle(),
-        ];
-        let mut senders = HashMap::new();
+                runtime: tokio::runtime::Handle::current(),
+                accept: Default::default(),
+            }),
+        };
+        let accept = tokio::spawn(accept_loop(listener, transport.inner.clone())).abort_handle();
+        *transport.inner.accept.lock() = Some(accept);
         for (id, addr) in peers {
-            let (tx, rx) = mpsc::channel(PEER_QUEUE_MAX);
-            tasks.push(
-                tokio::spawn(send_loop(cluster_id, self_id, id, addr, rx, tls.clone()))
-                    .abort_handle(),
-            );
-            senders.insert(id, tx);
+            transport.add_peer(id, addr);
         }
-        Ok(Transport {
-            peers: senders,
-            cut,
-            tasks: std::sync::Arc::new(tasks),
-        })
+        Ok(transport)
+    }
+
+    /// Starts sending to member `id` at `addr` (a member added at run time, or one whose
+    /// address changed); a no-op for a known peer at the same address or for ourselves.
+    pub fn add_peer(&self, id: u64, addr: SocketAddr) {
+        let inner = &self.inner;
+        if id == inner.self_id {
+            return;
+        }
+        let mut peers = inner.peers.write();
+        if peers.get(&id).is_some_and(|p| p.addr == addr) {
+            return;
+        }
+        if let Some(old) = peers.remove(&id) {
+            old.task.abort();
+        }
+        let (tx, rx) = mpsc::channel(PEER_QUEUE_MAX);
+        let task = inner
+            .runtime
+            .spawn(send_loop(
+                inner.cluster_id,
+                inner.self_id,
+                id,
+                addr,
+                rx,
+                inner.tls.clone(),
+            ))
+            .abort_handle();
+        peers.insert(id, Peer { tx, addr, task });
+    }
+
+    /// Stops sending to member `id` (removed from the cluster).
+    pub fn remove_peer(&self, id: u64) {
+        if let Some(peer) = self.inner.peers.write().remove(&id) {
+            peer.task.abort();
+        }
+    }
+
+    /// The peers we send to, by id.
+    pub fn peer_ids(&self) -> Vec<u64> {
+        self.inner.peers.read().keys().copied().collect()
+    }
+
+    fn queue(&self, peer: u64, out: Outbound) -> bool {
+        if self.inner.cut.read().contains(&peer) {
+            return true;
+        }
+        match self.inner.peers.read().get(&peer) {
+            Some(p) => p.tx.try_send(out).is_ok(),
+            None => false,
+        }
     }
 
     /// Passes lease renewals to `peer` (the leader); dropped if its queue is full, as the
     /// client's next keep-alive (a third of the TTL later) renews again.
     pub fn send_lease_renewals(&self, peer: u64, ids: Vec<i64>) {
-        if self.cut.read().contains(&peer) {
-            return;
-        }
-        if let Some(tx) = self.peers.get(&peer) {
-            let _ = tx.try_send(Outbound::LeaseRenewals(ids));
-        }
+        let _ = self.queue(peer, Outbound::LeaseRenewals(ids));
+    }
+
+    /// Forwards a client's membership change to the leader; false if it cannot be queued.
+    pub fn forward_membership(&self, leader: u64, proposal: u64, change: MembershipChange) -> bool {
+        self.queue(leader, Outbound::Membership { proposal, change })
+    }
+
+    /// Tells a follower the leader refused the membership change it forwarded.
+    pub fn refuse_membership(&self, peer: u64, proposal: u64, reason: String) {
+        let _ = self.queue(peer, Outbound::MembershipRefused { proposal, reason });
     }
 
     /// Fault injection: drops all traffic to and from `peers` (replacing any earlier cut),
     /// as a network partition would. `&[]` heals.
     pub fn cut(&self, peers: &[u64]) {
-        let mut cut = self.cut.write();
+        let mut cut = self.inner.cut.write();
         cut.clear();
         cut.extend(peers.iter().copied());
     }
 
     /// Stops listening and sending; connections close.
     pub fn shutdown(&self) {
-        for task in self.tasks.iter() {
-            task.abort();
+        if let Some(accept) = self.inner.accept.lock().take() {
+            accept.abort();
+        }
+        for (_, peer) in self.inner.peers.write().drain() {
+            peer.task.abort();
         }
     }
 
     /// Queues messages for their peers without blocking. Returns the peers a message could
-    /// not be queued for (unknown, or their queue is full).
+    /// not be queued for (unknown, or their queue is full). Snapshot messages go out on
+    /// their own connection with the store's data.
     pub fn send(&self, messages: Vec<Message>) -> Vec<u64> {
         let mut unreachable = Vec::new();
-        let cut = self.cut.read();
+        let cut = self.inner.cut.read();
+        let peers = self.inner.peers.read();
         for m in messages {
             let to = m.to;
             if cut.contains(&to) {
+                if m.get_msg_type() == MessageType::MsgSnapshot {
+                    self.snapshot_failed(to);
+                }
                 continue;
             }
-            match self.peers.get(&to) {
-                Some(tx) if tx.try_send(Outbound::Raft(m)).is_ok() => {}
+            if m.get_msg_type() == MessageType::MsgSnapshot {
+                match peers.get(&to) {
+                    Some(peer) => self.send_snapshot(m, peer.addr),
+                    None => unreachable.push(to),
+                }
+                continue;
+            }
+            match peers.get(&to) {
+                Some(p) if p.tx.try_send(Outbound::Raft(m)).is_ok() => {}
                 _ => {
                     if !unreachable.contains(&to) {
                         unreachable.push(to);
@@ -186,15 +362,335 @@ impl Transport {
         }
         unreachable
     }
+
+    fn snapshot_failed(&self, peer: u64) {
+        self.inner.snapshots.outgoing.lock().remove(&peer);
+        (self.inner.inbound)(Received::SnapshotSent { peer, ok: false });
+    }
+
+    /// Streams a snapshot to its peer on a connection of its own, then reports the outcome.
+    fn send_snapshot(&self, message: Message, addr: SocketAddr) {
+        let to = message.to;
+        let index = message.get_snapshot().get_metadata().index;
+        let pinned = self.inner.snapshots.outgoing.lock().remove(&to);
+        let Some(pinned) = pinned.filter(|p| p.applied_index == index) else {
+            warn!(
+                peer = format_args!("{to:x}"),
+                index, "no store data pinned for this snapshot; raft-rs will ask again"
+            );
+            (self.inner.inbound)(Received::SnapshotSent {
+                peer: to,
+                ok: false,
+            });
+            return;
+        };
+        let inner = self.inner.clone();
+        inner.runtime.clone().spawn(async move {
+            let started = std::time::Instant::now();
+            let result = stream_snapshot(&inner, addr, message, pinned).await;
+            let ok = match result {
+                Ok(bytes) => {
+                    info!(
+                        peer = format_args!("{to:x}"),
+                        index,
+                        bytes,
+                        ms = started.elapsed().as_millis() as u64,
+                        "sent a snapshot"
+                    );
+                    true
+                }
+                Err(why) => {
+                    warn!(
+                        peer = format_args!("{to:x}"),
+                        index, why, "sending a snapshot failed"
+                    );
+                    false
+                }
+            };
+            (inner.inbound)(Received::SnapshotSent { peer: to, ok });
+        });
+    }
 }
 
 fn hello(cluster_id: u64, from: u64, to: u64) -> [u8; HELLO_BYTES] {
+    hello_with(HELLO_MAGIC, cluster_id, from, to)
+}
+
+fn hello_with(magic: &[u8; 8], cluster_id: u64, from: u64, to: u64) -> [u8; HELLO_BYTES] {
     let mut out = [0u8; HELLO_BYTES];
-    out[..8].copy_from_slice(HELLO_MAGIC);
+    out[..8].copy_from_slice(magic);
     out[8..16].copy_from_slice(&cluster_id.to_le_bytes());
     out[16..24].copy_from_slice(&from.to_le_bytes());
     out[24..32].copy_from_slice(&to.to_le_bytes());
     out
+}
+
+/// Opens a connection to a peer: TCP, then TLS when the cluster uses it.
+async fn connect(addr: SocketAddr, tls: &Option<PeerTls>) -> Result<Box<dyn PeerIo>, String> {
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    let _ = stream.set_nodelay(true);
+    match tls {
+        None => Ok(Box::new(stream)),
+        Some(tls) => {
+            // The peer's certificate must be valid for the IP its peer URL names.
+            let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
+            let stream = tls
+                .connector
+                .connect(name, stream)
+                .await
+                .map_err(|e| format!("TLS handshake: {e}"))?;
+            Ok(Box::new(stream))
+        }
+    }
+}
+
+/// Bounds one step of a snapshot transfer by [`SNAPSHOT_STALL_TIMEOUT`].
+async fn within<T>(
+    step: impl std::future::Future<Output = std::io::Result<T>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(SNAPSHOT_STALL_TIMEOUT, step).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err("peer stalled".into()),
+    }
+}
+
+/// The sending side of a snapshot stream: hello, the raft message, the store's data in
+/// chunks (`u32 length | bytes`, a zero length ends it), then the receiver's one-byte answer.
+/// Returns the data bytes sent.
+async fn stream_snapshot(
+    inner: &Inner,
+    addr: SocketAddr,
+    message: Message,
+    pinned: skerry_store::PinnedSnapshot,
+) -> Result<u64, String> {
+    let mut stream = connect(addr, &inner.tls).await?;
+    let head = message.write_to_bytes().map_err(|e| e.to_string())?;
+    let mut buf = BytesMut::with_capacity(HELLO_BYTES + 4 + head.len());
+    buf.put_slice(&hello_with(
+        HELLO_SNAPSHOT_MAGIC,
+        inner.cluster_id,
+        inner.self_id,
+        message.to,
+    ));
+    buf.put_u32_le(head.len() as u32);
+    buf.put_slice(&head);
+    within(stream.write_all(&buf)).await?;
+    // The store is read on a blocking thread (redb reads block) while this task sends.
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(SNAPSHOT_CHUNKS_AHEAD);
+    let producer = tokio::task::spawn_blocking(move || {
+        let mut writer = ChunkWriter {
+            tx,
+            buf: Vec::with_capacity(SNAPSHOT_CHUNK_BYTES),
+        };
+        pinned
+            .write(&mut writer)
+            .map_err(|e| e.to_string())
+            .and_then(|_| writer.finish())
+    });
+    let mut sent = 0u64;
+    while let Some(chunk) = rx.recv().await {
+        let mut frame = BytesMut::with_capacity(4 + chunk.len());
+        frame.put_u32_le(chunk.len() as u32);
+        frame.put_slice(&chunk);
+        within(stream.write_all(&frame)).await?;
+        sent += chunk.len() as u64;
+    }
+    producer
+        .await
+        .map_err(|e| format!("snapshot reader: {e}"))??;
+    within(stream.write_all(&0u32.to_le_bytes())).await?;
+    within(stream.flush()).await?;
+    let mut answer = [0u8; 1];
+    within(stream.read_exact(&mut answer)).await?;
+    if answer[0] != 0 {
+        return Err("the peer refused the snapshot".into());
+    }
+    Ok(sent)
+}
+
+/// Cuts the store's snapshot stream into chunks for the sending task.
+struct ChunkWriter {
+    tx: mpsc::Sender<Vec<u8>>,
+    buf: Vec<u8>,
+}
+
+impl ChunkWriter {
+    fn flush_chunk(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(SNAPSHOT_CHUNK_BYTES));
+        self.tx
+            .blocking_send(chunk)
+            .map_err(|_| std::io::Error::other("snapshot stream closed"))
+    }
+
+    fn finish(mut self) -> Result<(), String> {
+        self.flush_chunk().map_err(|e| e.to_string())
+    }
+}
+
+impl std::io::Write for ChunkWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let room = SNAPSHOT_CHUNK_BYTES - self.buf.len();
+        let take = room.min(bytes.len());
+        self.buf.extend_from_slice(&bytes[..take]);
+        if self.buf.len() == SNAPSHOT_CHUNK_BYTES {
+            self.flush_chunk()?;
+        }
+        Ok(take)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Where a snapshot from `from` at `index` is received.
+pub fn snapshot_file(dir: &std::path::Path, from: u64, index: u64) -> PathBuf {
+    dir.join(format!("{from:016x}-{index:016x}.snap"))
+}
+
+fn encode_change(change: &MembershipChange, out: &mut BytesMut) {
+    match change {
+        MembershipChange::Add { peer_urls, learner } => {
+            out.put_u8(if *learner {
+                CHANGE_ADD_LEARNER
+            } else {
+                CHANGE_ADD
+            });
+            out.put_u16_le(peer_urls.len() as u16);
+            for url in peer_urls {
+                out.put_u16_le(url.len() as u16);
+                out.put_slice(url.as_bytes());
+            }
+        }
+        MembershipChange::Promote { id } => {
+            out.put_u8(CHANGE_PROMOTE);
+            out.put_u64_le(*id);
+        }
+        MembershipChange::Remove { id } => {
+            out.put_u8(CHANGE_REMOVE);
+            out.put_u64_le(*id);
+        }
+    }
+}
+
+/// Reads little-endian fields off a frame body, refusing short input.
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Fields<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("truncated frame".into());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, String> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(word))
+    }
+
+    fn string(&mut self, len: usize) -> Result<String, String> {
+        String::from_utf8(self.take(len)?.to_vec()).map_err(|_| "text is not UTF-8".into())
+    }
+}
+
+fn decode_change(fields: &mut Fields<'_>) -> Result<MembershipChange, String> {
+    match fields.u8()? {
+        kind @ (CHANGE_ADD | CHANGE_ADD_LEARNER) => {
+            let count = fields.u16()? as usize;
+            let mut peer_urls = Vec::with_capacity(count.min(16));
+            for _ in 0..count {
+                let len = fields.u16()? as usize;
+                peer_urls.push(fields.string(len)?);
+            }
+            Ok(MembershipChange::Add {
+                peer_urls,
+                learner: kind == CHANGE_ADD_LEARNER,
+            })
+        }
+        CHANGE_PROMOTE => Ok(MembershipChange::Promote { id: fields.u64()? }),
+        CHANGE_REMOVE => Ok(MembershipChange::Remove { id: fields.u64()? }),
+        other => Err(format!("unknown membership change {other}")),
+    }
+}
+
+impl JoinAnswer {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        out.put_u64_le(self.cluster_id);
+        out.put_u64_le(self.member_id);
+        out.put_u16_le(self.members.len() as u16);
+        for (id, url) in &self.members {
+            out.put_u64_le(*id);
+            out.put_u16_le(url.len() as u16);
+            out.put_slice(url.as_bytes());
+        }
+        out.to_vec()
+    }
+
+    fn decode(body: &[u8]) -> Result<JoinAnswer, String> {
+        let mut f = Fields(body);
+        let cluster_id = f.u64()?;
+        let member_id = f.u64()?;
+        let count = f.u16()? as usize;
+        let mut members = Vec::with_capacity(count.min(16));
+        for _ in 0..count {
+            let id = f.u64()?;
+            let len = f.u16()? as usize;
+            members.push((id, f.string(len)?));
+        }
+        Ok(JoinAnswer {
+            cluster_id,
+            member_id,
+            members,
+        })
+    }
+}
+
+/// Asks a running cluster's member at `addr` what it knows of the member whose peer URL is
+/// `my_url` (see [`JoinAnswer`]).
+pub async fn ask_to_join(
+    addr: SocketAddr,
+    my_url: &str,
+    tls: &Option<PeerTls>,
+) -> Result<JoinAnswer, String> {
+    let mut stream = connect(addr, tls).await?;
+    let mut buf = BytesMut::new();
+    buf.put_slice(&hello_with(HELLO_JOIN_MAGIC, 0, 0, 0));
+    buf.put_u16_le(my_url.len() as u16);
+    buf.put_slice(my_url.as_bytes());
+    within(stream.write_all(&buf)).await?;
+    within(stream.flush()).await?;
+    let mut len = [0u8; 4];
+    within(stream.read_exact(&mut len)).await?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > JOIN_BYTES_MAX {
+        return Err("oversized join answer".into());
+    }
+    let mut body = vec![0u8; len];
+    within(stream.read_exact(&mut body)).await?;
+    if body.is_empty() {
+        return Err("the member does not know the cluster yet".into());
+    }
+    JoinAnswer::decode(&body)
 }
 
 async fn send_loop(
@@ -208,9 +704,9 @@ async fn send_loop(
     let mut backoff = RECONNECT_BACKOFF_MIN;
     let mut buf = BytesMut::new();
     'connect: loop {
-        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => {
+        let mut stream = match connect(addr, &tls).await {
+            Ok(stream) => stream,
+            Err(e) => {
                 debug!(peer = format_args!("{peer:x}"), %addr, error = %e, "peer connect failed");
                 if rx.is_closed() {
                     return;
@@ -220,30 +716,6 @@ async fn send_loop(
                 // Messages queued while the peer was away are stale; raft-rs resends.
                 while rx.try_recv().is_ok() {}
                 continue;
-            }
-            Err(_) => {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
-                while rx.try_recv().is_ok() {}
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let mut stream: Box<dyn AsyncWrite + Unpin + Send> = match &tls {
-            None => Box::new(stream),
-            Some(tls) => {
-                // The peer's certificate must be valid for the IP its peer URL names.
-                let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
-                match tls.connector.connect(name, stream).await {
-                    Ok(stream) => Box::new(stream),
-                    Err(e) => {
-                        warn!(peer = format_args!("{peer:x}"), %addr, error = %e, "peer TLS handshake failed");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
-                        while rx.try_recv().is_ok() {}
-                        continue;
-                    }
-                }
             }
         };
         if stream
@@ -262,23 +734,7 @@ async fn send_loop(
             buf.clear();
             let mut next = Some(first);
             while let Some(out) = next.take() {
-                match out {
-                    Outbound::Raft(m) => match m.write_to_bytes() {
-                        Ok(bytes) => {
-                            buf.put_u32_le(bytes.len() as u32 + 1);
-                            buf.put_u8(FRAME_RAFT);
-                            buf.put_slice(&bytes);
-                        }
-                        Err(e) => warn!(error = %e, "cannot encode raft message"),
-                    },
-                    Outbound::LeaseRenewals(ids) => {
-                        buf.put_u32_le(ids.len() as u32 * 8 + 1);
-                        buf.put_u8(FRAME_LEASE_RENEWALS);
-                        for id in ids {
-                            buf.put_i64_le(id);
-                        }
-                    }
-                }
+                encode_outbound(out, &mut buf);
                 if buf.len() < WRITE_BATCH_BYTES {
                     next = rx.try_recv().ok();
                 }
@@ -296,14 +752,44 @@ async fn send_loop(
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    cluster_id: u64,
-    self_id: u64,
-    inbound: Inbound,
-    cut: Cut,
-    tls: Option<PeerTls>,
-) {
+/// Appends one frame: `u32 length | u8 kind | body`.
+fn encode_outbound(out: Outbound, buf: &mut BytesMut) {
+    let start = buf.len();
+    buf.put_u32_le(0);
+    match out {
+        Outbound::Raft(m) => match m.write_to_bytes() {
+            Ok(bytes) => {
+                buf.put_u8(FRAME_RAFT);
+                buf.put_slice(&bytes);
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot encode raft message");
+                buf.truncate(start);
+                return;
+            }
+        },
+        Outbound::LeaseRenewals(ids) => {
+            buf.put_u8(FRAME_LEASE_RENEWALS);
+            for id in ids {
+                buf.put_i64_le(id);
+            }
+        }
+        Outbound::Membership { proposal, change } => {
+            buf.put_u8(FRAME_MEMBERSHIP);
+            buf.put_u64_le(proposal);
+            encode_change(&change, buf);
+        }
+        Outbound::MembershipRefused { proposal, reason } => {
+            buf.put_u8(FRAME_MEMBERSHIP_REFUSED);
+            buf.put_u64_le(proposal);
+            buf.put_slice(reason.as_bytes());
+        }
+    }
+    let len = (buf.len() - start - 4) as u32;
+    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
     // Owned here so that stopping this task stops every connection it accepted.
     let mut connections = tokio::task::JoinSet::new();
     loop {
@@ -317,11 +803,9 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let inbound = inbound.clone();
-        let cut = cut.clone();
-        let tls = tls.clone();
+        let inner = inner.clone();
         connections.spawn(async move {
-            let stream: Box<dyn AsyncRead + Unpin + Send> = match tls {
+            let mut stream: Box<dyn PeerIo> = match &inner.tls {
                 None => Box::new(stream),
                 Some(tls) => match tls.acceptor.accept(stream).await {
                     Ok(stream) => Box::new(stream),
@@ -331,40 +815,54 @@ async fn accept_loop(
                     }
                 },
             };
-            let mut from = None;
-            if let Err(why) = receive(stream, cluster_id, self_id, &inbound, &cut, &mut from).await
-            {
-                debug!(%remote, why, "peer connection closed");
+            let mut hello_buf = [0u8; HELLO_BYTES];
+            if stream.read_exact(&mut hello_buf).await.is_err() {
+                return;
             }
-            if let Some(peer) = from {
-                inbound(Received::PeerDown(peer));
+            let result = match &hello_buf[..8] {
+                m if m == HELLO_MAGIC => {
+                    let mut from = None;
+                    let result = receive(stream, &hello_buf, &inner, &mut from).await;
+                    if let Some(peer) = from {
+                        (inner.inbound)(Received::PeerDown(peer));
+                    }
+                    result
+                }
+                m if m == HELLO_SNAPSHOT_MAGIC => {
+                    receive_snapshot(stream, &hello_buf, &inner).await
+                }
+                m if m == HELLO_JOIN_MAGIC => answer_join(stream, &inner).await,
+                _ => Err("not a skerry peer".into()),
+            };
+            if let Err(why) = result {
+                debug!(%remote, why, "peer connection closed");
             }
         });
     }
 }
 
-/// Reads one peer connection until it closes; `from` learns the peer's id from its hello.
-async fn receive(
-    mut stream: Box<dyn AsyncRead + Unpin + Send>,
-    cluster_id: u64,
-    self_id: u64,
-    inbound: &Inbound,
-    cut: &Cut,
-    from: &mut Option<u64>,
-) -> Result<(), String> {
-    let mut hello_buf = [0u8; HELLO_BYTES];
-    stream
-        .read_exact(&mut hello_buf)
-        .await
-        .map_err(|e| e.to_string())?;
-    let expect_from_any = hello(cluster_id, 0, self_id);
-    if hello_buf[..16] != expect_from_any[..16] || hello_buf[24..] != expect_from_any[24..] {
+/// Checks a hello's cluster and receiver; returns the sender's id.
+fn check_hello(hello_buf: &[u8; HELLO_BYTES], inner: &Inner) -> Result<u64, String> {
+    let expect = hello(inner.cluster_id, 0, inner.self_id);
+    if hello_buf[8..16] != expect[8..16] || hello_buf[24..] != expect[24..] {
         warn!("refused a peer connection for another cluster or member");
         return Err("hello mismatch".into());
     }
     let mut word = [0u8; 8];
     word.copy_from_slice(&hello_buf[16..24]);
-    *from = Some(u64::from_le_bytes(word));
+    Ok(u64::from_le_bytes(word))
+}
+
+/// Reads one peer connection until it closes; `from` learns the peer's id from its hello.
+async fn receive(
+    mut stream: Box<dyn PeerIo>,
+    hello_buf: &[u8; HELLO_BYTES],
+    inner: &Inner,
+    from: &mut Option<u64>,
+) -> Result<(), String> {
+    let peer = check_hello(hello_buf, inner)?;
+    *from = Some(peer);
+    let inbound = &inner.inbound;
     let mut len_buf = [0u8; 4];
     let mut frame = Vec::new();
     loop {
@@ -382,36 +880,211 @@ async fn receive(
             .read_exact(&mut frame)
             .await
             .map_err(|e| e.to_string())?;
-        if from.is_some_and(|peer| cut.read().contains(&peer)) {
+        if inner.cut.read().contains(&peer) {
             continue;
         }
         let (kind, body) = (frame[0], &frame[1..]);
-        if kind == FRAME_LEASE_RENEWALS {
-            if body.len() % 8 != 0 {
-                return Err("bad lease renewal frame".into());
+        let received = match kind {
+            FRAME_LEASE_RENEWALS => {
+                if body.len() % 8 != 0 {
+                    return Err("bad lease renewal frame".into());
+                }
+                let ids = body
+                    .chunks_exact(8)
+                    .map(|c| {
+                        let mut word = [0u8; 8];
+                        word.copy_from_slice(c);
+                        i64::from_le_bytes(word)
+                    })
+                    .collect();
+                Received::LeaseRenewals(ids)
             }
-            let ids = body
-                .chunks_exact(8)
-                .map(|c| {
-                    let mut word = [0u8; 8];
-                    word.copy_from_slice(c);
-                    i64::from_le_bytes(word)
-                })
-                .collect();
-            if !inbound(Received::LeaseRenewals(ids)) {
-                return Ok(());
+            FRAME_MEMBERSHIP => {
+                let mut fields = Fields(body);
+                let proposal = fields.u64()?;
+                let change = decode_change(&mut fields)?;
+                Received::Membership {
+                    from: peer,
+                    proposal,
+                    change,
+                }
             }
-            continue;
-        }
-        if kind != FRAME_RAFT {
-            return Err(format!("unknown frame kind {kind}"));
-        }
-        let message = Message::parse_from_bytes(body).map_err(|e| e.to_string())?;
-        if message.to != self_id || Some(message.from) != *from {
-            return Err("message for another member, or from another than said hello".into());
-        }
-        if !inbound(Received::Message(message)) {
+            FRAME_MEMBERSHIP_REFUSED => {
+                let mut fields = Fields(body);
+                let proposal = fields.u64()?;
+                let reason = String::from_utf8_lossy(fields.0).into_owned();
+                Received::MembershipRefused { proposal, reason }
+            }
+            FRAME_RAFT => {
+                let message = Message::parse_from_bytes(body).map_err(|e| e.to_string())?;
+                if message.to != inner.self_id || message.from != peer {
+                    return Err(
+                        "message for another member, or from another than said hello".into(),
+                    );
+                }
+                if message.get_msg_type() == MessageType::MsgSnapshot {
+                    // Snapshots come only on their own stream, with their data.
+                    return Err("snapshot message on the message connection".into());
+                }
+                Received::Message(message)
+            }
+            other => return Err(format!("unknown frame kind {other}")),
+        };
+        if !inbound(received) {
             return Ok(());
         }
+    }
+}
+
+/// The receiving side of a snapshot stream (see [`stream_snapshot`]): the data goes to a
+/// file, which must be complete and match its digest before the message reaches the node.
+async fn receive_snapshot(
+    mut stream: Box<dyn PeerIo>,
+    hello_buf: &[u8; HELLO_BYTES],
+    inner: &Inner,
+) -> Result<(), String> {
+    let peer = check_hello(hello_buf, inner)?;
+    if inner.cut.read().contains(&peer) {
+        return Err("cut off".into());
+    }
+    let mut len = [0u8; 4];
+    within(stream.read_exact(&mut len)).await?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > FRAME_BYTES_MAX {
+        return Err("oversized snapshot message".into());
+    }
+    let mut head = vec![0u8; len];
+    within(stream.read_exact(&mut head)).await?;
+    let mut message = Message::parse_from_bytes(&head).map_err(|e| e.to_string())?;
+    if message.get_msg_type() != MessageType::MsgSnapshot
+        || message.to != inner.self_id
+        || message.from != peer
+    {
+        return Err("not a snapshot message for this member".into());
+    }
+    let index = message.get_snapshot().get_metadata().index;
+    let mut len = [0u8; 4];
+    let path = snapshot_file(&inner.snapshots.dir, peer, index);
+    let part = path.with_extension("part");
+    let received = async {
+        let mut file = tokio::fs::File::create(&part)
+            .await
+            .map_err(|e| format!("{}: {e}", part.display()))?;
+        let mut total = 0u64;
+        let mut chunk = Vec::new();
+        loop {
+            within(stream.read_exact(&mut len)).await?;
+            let len = u32::from_le_bytes(len) as usize;
+            if len == 0 {
+                break;
+            }
+            if len > SNAPSHOT_CHUNK_BYTES {
+                return Err("oversized snapshot chunk".to_string());
+            }
+            total += len as u64;
+            if total > SNAPSHOT_BYTES_MAX {
+                return Err("snapshot larger than this member accepts".into());
+            }
+            chunk.resize(len, 0);
+            within(stream.read_exact(&mut chunk)).await?;
+            file.write_all(&chunk).await.map_err(|e| e.to_string())?;
+        }
+        file.sync_all().await.map_err(|e| e.to_string())?;
+        drop(file);
+        let check = part.clone();
+        tokio::task::spawn_blocking(move || skerry_store::snapshot::verify(&check))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        tokio::fs::rename(&part, &path)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(total)
+    }
+    .await;
+    let answer = match &received {
+        Ok(bytes) => {
+            info!(
+                peer = format_args!("{peer:x}"),
+                index, bytes, "received a snapshot"
+            );
+            message
+                .mut_snapshot()
+                .set_data(path.to_string_lossy().as_bytes().to_vec().into());
+            if (inner.inbound)(Received::Message(message)) {
+                0u8
+            } else {
+                1
+            }
+        }
+        Err(why) => {
+            warn!(
+                peer = format_args!("{peer:x}"),
+                index, why, "refused a snapshot"
+            );
+            let _ = tokio::fs::remove_file(&part).await;
+            1
+        }
+    };
+    within(stream.write_all(&[answer])).await?;
+    within(stream.flush()).await?;
+    received.map(|_| ())
+}
+
+/// Answers a join query from the directory.
+async fn answer_join(mut stream: Box<dyn PeerIo>, inner: &Inner) -> Result<(), String> {
+    let mut len = [0u8; 2];
+    within(stream.read_exact(&mut len)).await?;
+    let len = u16::from_le_bytes(len) as usize;
+    let mut url = vec![0u8; len];
+    within(stream.read_exact(&mut url)).await?;
+    let url = String::from_utf8(url).map_err(|_| "peer URL is not UTF-8".to_string())?;
+    let answer = (inner.snapshots.directory)(&url)
+        .map(|a| a.encode())
+        .unwrap_or_default();
+    let mut out = BytesMut::with_capacity(4 + answer.len());
+    out.put_u32_le(answer.len() as u32);
+    out.put_slice(&answer);
+    within(stream.write_all(&out)).await?;
+    within(stream.flush()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn membership_frames_and_join_answers_round_trip() {
+        for change in [
+            MembershipChange::Add {
+                peer_urls: vec!["http://10.0.0.4:2380".into(), "http://[::1]:2380".into()],
+                learner: true,
+            },
+            MembershipChange::Add {
+                peer_urls: vec!["http://10.0.0.4:2380".into()],
+                learner: false,
+            },
+            MembershipChange::Promote { id: 7 },
+            MembershipChange::Remove { id: 9 },
+        ] {
+            let mut buf = BytesMut::new();
+            encode_change(&change, &mut buf);
+            assert_eq!(decode_change(&mut Fields(&buf)), Ok(change.clone()));
+            // Every truncation is refused, never misread.
+            for cut in 0..buf.len() {
+                assert!(decode_change(&mut Fields(&buf[..cut])).is_err());
+            }
+        }
+        let answer = JoinAnswer {
+            cluster_id: 1,
+            member_id: 2,
+            members: vec![
+                (3, "http://127.0.0.1:1".into()),
+                (2, "http://127.0.0.1:2".into()),
+            ],
+        };
+        let bytes = answer.encode();
+        assert_eq!(JoinAnswer::decode(&bytes), Ok(answer));
+        assert!(JoinAnswer::decode(&bytes[..bytes.len() - 1]).is_err());
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use skerry_raft::{ClusterConfig, ClusterState, RaftNode};
 use skerry_store::pb::etcdserverpb::{PutRequest, RangeRequest};
-use skerry_store::replication::Replicator;
+use skerry_store::replication::{MembershipChange, Replicator};
 use skerry_store::{Store, StoreConfig, StoreError};
 
 /// Bound on every wait, so a bug fails the test instead of hanging it.
@@ -510,6 +510,292 @@ async fn members_speak_mutual_tls_and_a_member_with_a_foreign_certificate_is_shu
         members[2].store().applied_index() < members[0].store().applied_index(),
         "the rogue member received entries"
     );
+    for m in &mut members {
+        m.stop();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_behind_the_compacted_log_catches_up_by_snapshot() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut members = cluster(root.path());
+    for m in &mut members {
+        // Compact often and keep little, so a short outage leaves a member behind the log.
+        m.config.snapshot_count = 100;
+        m.config.snapshot_catchup_entries = 10;
+        m.start().await;
+    }
+    let leader = wait_for_leader(&members, 0).await;
+    let lagging = members
+        .iter()
+        .position(|m| m.config.id != leader)
+        .expect("a follower");
+    let writer = (0..3).find(|i| *i != lagging).expect("a live member");
+    put_eventually(members[writer].store(), "early", "before the outage").await;
+    for m in &members {
+        m.store()
+            .wait_applied(members[writer].store().applied_index())
+            .await
+            .expect("applied");
+    }
+    let behind = members[lagging].store().applied_index();
+    members[lagging].stop();
+
+    // Writes, a lease with a key on it, a compaction: all of it must arrive in the snapshot.
+    let (lease, _) = members[writer]
+        .store()
+        .lease_grant(600, 0)
+        .await
+        .expect("lease");
+    members[writer]
+        .store()
+        .put(PutRequest {
+            key: Bytes::from_static(b"leased"),
+            value: Bytes::from_static(b"v"),
+            lease,
+            ..Default::default()
+        })
+        .await
+        .expect("leased put");
+    let mut i = 0;
+    let deadline = Instant::now() + WAIT;
+    // Until both live members dropped the entries the lagging one needs (the store's durable
+    // point, which bounds compaction, moves at its 5 s checkpoint).
+    loop {
+        for _ in 0..50 {
+            put_eventually(members[writer].store(), &format!("k{i:05}"), "v").await;
+            i += 1;
+        }
+        let compacted = members
+            .iter()
+            .filter_map(|m| m.node.as_ref())
+            .all(|n| n.log_first_index() > behind + 1);
+        if compacted {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the log was never compacted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mid = members[writer].store().revision() - 5;
+    members[writer]
+        .store()
+        .compact(mid, false)
+        .await
+        .expect("compact");
+    put_eventually(members[writer].store(), "last", "before the return").await;
+
+    members[lagging].start().await;
+    let target = members[writer].store().applied_index();
+    members[lagging]
+        .store()
+        .wait_applied(target)
+        .await
+        .expect("the returning member catches up");
+    assert!(
+        members[lagging]
+            .store()
+            .installed_snapshot()
+            .expect("read")
+            .is_some(),
+        "the member caught up without a snapshot"
+    );
+    let lagging_store = members[lagging].store();
+    assert_eq!(lagging_store.compact_revision(), mid);
+    let rev = members[writer].store().revision();
+    assert_eq!(
+        lagging_store.hash_kv(rev).expect("hash"),
+        members[writer].store().hash_kv(rev).expect("hash"),
+        "the snapshot holds the same history"
+    );
+    assert!(
+        lagging_store.lease_ids().contains(&lease),
+        "the lease came with the snapshot"
+    );
+    // And it goes on from the log after the snapshot, reads included.
+    put_eventually(members[writer].store(), "after", "the snapshot").await;
+    assert_eq!(
+        linearizable_get(lagging_store, "after")
+            .await
+            .expect("read"),
+        Some(Bytes::from_static(b"the snapshot"))
+    );
+    for m in &mut members {
+        m.stop();
+    }
+}
+
+/// Changes membership through `store`, retrying while the cluster is busy (an election, a
+/// learner still catching up, a change in progress).
+async fn change_membership(store: &Store, change: MembershipChange) -> Result<(), StoreError> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match store.change_membership(change.clone()).await {
+            Err(
+                StoreError::NoLeader
+                | StoreError::LeaderChanged
+                | StoreError::Timeout
+                | StoreError::LearnerNotReady
+                | StoreError::Unsupported(_),
+            ) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joins_as_a_learner_is_promoted_and_a_member_is_removed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut members = cluster(root.path());
+    for m in &mut members {
+        m.start().await;
+    }
+    let leader = wait_for_leader(&members, 0).await;
+    let follower = members
+        .iter()
+        .position(|m| m.config.id != leader)
+        .expect("a follower");
+    for i in 0..30 {
+        put_eventually(members[0].store(), &format!("k{i}"), "v").await;
+    }
+
+    // `member add --learner` through a follower: it forwards the change to the leader.
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    change_membership(
+        members[follower].store(),
+        MembershipChange::Add {
+            peer_urls: vec![url.clone()],
+            learner: true,
+        },
+    )
+    .await
+    .expect("add a learner");
+    let listed = members[0].store().members().expect("members");
+    let added = listed
+        .iter()
+        .find(|m| m.peer_urls == vec![url.clone()])
+        .expect("the new member is listed");
+    assert!(added.is_learner);
+    let new_id = added.id;
+    // The same URL again is refused, as etcd refuses it.
+    assert_eq!(
+        members[0]
+            .store()
+            .change_membership(MembershipChange::Add {
+                peer_urls: vec![url.clone()],
+                learner: true,
+            })
+            .await,
+        Err(StoreError::PeerUrlExists)
+    );
+
+    // The new member starts with `--initial-cluster-state existing` and learns its id from
+    // the cluster.
+    let initial = members
+        .iter()
+        .map(|m| format!("{}={}", m.config.name, m.config.advertise_peer_urls()[0]))
+        .chain(std::iter::once(format!("n4={url}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut config = ClusterConfig::new(
+        "n4",
+        &initial,
+        "test-cluster",
+        ClusterState::Existing,
+        &url,
+        HEARTBEAT,
+        ELECTION,
+    )
+    .expect("config");
+    let peer = config.peer_addrs().expect("peers")[0].1;
+    let answer = skerry_raft::transport::ask_to_join(peer, &url, &None)
+        .await
+        .expect("join answer");
+    assert_eq!(answer.member_id, new_id);
+    config.join(answer.cluster_id, answer.member_id, &answer.members);
+    members.push(Member {
+        config,
+        dir: root.path().join("n4"),
+        store: None,
+        node: None,
+    });
+    members[3].start().await;
+    members[3]
+        .store()
+        .wait_applied(members[0].store().applied_index())
+        .await
+        .expect("the learner catches up");
+    assert_eq!(
+        linearizable_get(members[3].store(), "k29")
+            .await
+            .expect("read"),
+        Some(Bytes::from_static(b"v"))
+    );
+
+    // Promote it; a voter cannot be promoted, an unknown member not removed.
+    change_membership(members[0].store(), MembershipChange::Promote { id: new_id })
+        .await
+        .expect("promote");
+    assert_eq!(
+        members[0]
+            .store()
+            .change_membership(MembershipChange::Promote { id: new_id })
+            .await,
+        Err(StoreError::MemberNotLearner)
+    );
+    assert_eq!(
+        members[0]
+            .store()
+            .change_membership(MembershipChange::Remove { id: 12345 })
+            .await,
+        Err(StoreError::MemberNotFound)
+    );
+    let listed = members[3].store().members().expect("members");
+    assert_eq!(listed.len(), 4);
+    assert!(listed.iter().all(|m| !m.is_learner));
+
+    // Remove the follower: it stops, and the other three go on.
+    let gone = members[follower].config.id;
+    change_membership(members[3].store(), MembershipChange::Remove { id: gone })
+        .await
+        .expect("remove");
+    let deadline = Instant::now() + WAIT;
+    while !members[follower]
+        .node
+        .as_ref()
+        .is_some_and(|n| n.handle().removed())
+    {
+        assert!(Instant::now() < deadline, "the removed member did not stop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    members[follower].stop();
+    put_eventually(members[3].store(), "after", "removal").await;
+    let listed = members[3].store().members().expect("members");
+    assert_eq!(listed.len(), 3);
+    assert!(listed.iter().all(|m| m.id != gone));
+    // A removed member cannot come back as itself.
+    let store = Store::open(StoreConfig {
+        replicated: true,
+        identity: Some((members[follower].config.cluster_id, gone)),
+        ..StoreConfig::new(members[follower].dir.join("store"))
+    })
+    .expect("open store");
+    let refused = RaftNode::start(
+        &members[follower].config,
+        &members[follower].dir.join("raft"),
+        store.clone(),
+    )
+    .await;
+    assert!(
+        refused
+            .as_ref()
+            .err()
+            .is_some_and(|e| e.to_string().contains("was removed")),
+        "a removed member restarted"
+    );
+    store.close();
     for m in &mut members {
         m.stop();
     }

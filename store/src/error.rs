@@ -42,6 +42,25 @@ pub enum StoreError {
     /// A replicated request got no answer in time; it may still be applied later.
     #[error("etcdserver: request timed out")]
     Timeout,
+    #[error("etcdserver: member not found")]
+    MemberNotFound,
+    #[error("etcdserver: Peer URLs already exists")]
+    PeerUrlExists,
+    #[error("etcdserver: given member URLs are invalid")]
+    MemberBadUrls,
+    /// The change would leave fewer started voters than a quorum (etcd's strict
+    /// reconfiguration check).
+    #[error("etcdserver: re-configuration failed due to not enough started members")]
+    NotEnoughStarted,
+    #[error("etcdserver: can only promote a learner member")]
+    MemberNotLearner,
+    #[error("etcdserver: can only promote a learner member which is in sync with leader")]
+    LearnerNotReady,
+    #[error("etcdserver: too many learner members in cluster")]
+    TooManyLearners,
+    /// What this server cannot do; the text says what.
+    #[error("{0}")]
+    Unsupported(String),
     /// The disk said no, or what it holds is not what skerry wrote. Never caused by a client.
     #[error("storage: {0}")]
     Storage(String),

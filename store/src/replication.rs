@@ -34,6 +34,16 @@ pub trait Replicator: Send + Sync + 'static {
     /// A client renewed lease `id` on this member. Expiry is decided by the leader alone, so
     /// a follower passes the renewal on to it (etcd forwards keep-alives to its leader too).
     fn renew_lease(&self, id: i64);
+
+    /// Submits a membership change. `reply` gets [`CommandResult::Membership`] once this
+    /// member has applied it, or why it was refused. A log without membership (a test
+    /// double) refuses every change.
+    fn change_membership(&self, change: MembershipChange, reply: Reply) {
+        let _ = change;
+        let _ = reply.send(Err(StoreError::Unsupported(
+            "this replicated log has no membership changes".into(),
+        )));
+    }
 }
 
 /// The log's state as one member sees it.
@@ -55,4 +65,24 @@ pub struct Committed {
     pub command: Option<Command>,
     /// The caller waiting on this member, if it proposed the entry.
     pub reply: Option<Reply>,
+}
+
+/// A membership change a client asked for through the Cluster API (`etcdctl member ...`).
+/// The replicated log validates it on its leader and commits it as a Raft configuration
+/// change; the store applies the resulting membership (see `Command::Membership`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MembershipChange {
+    /// A new member reachable at `peer_urls`; as a learner (no vote until promoted) or as a
+    /// voter.
+    Add {
+        peer_urls: Vec<String>,
+        learner: bool,
+    },
+    /// Makes learner `id` a voter, once it has caught up with the leader.
+    Promote {
+        id: u64,
+    },
+    Remove {
+        id: u64,
+    },
 }

@@ -921,6 +921,35 @@ impl Store {
         Ok(out)
     }
 
+    /// Whether this store is a member of a replicated cluster.
+    pub fn is_replicated(&self) -> bool {
+        self.shared.replicated
+    }
+
+    /// Adds, promotes or removes a cluster member (etcd's Cluster API), once the change is
+    /// committed and applied on this member. The replicated log validates it on its leader.
+    pub async fn change_membership(
+        &self,
+        change: crate::replication::MembershipChange,
+    ) -> Result<(), StoreError> {
+        if !self.shared.replicated {
+            return Err(StoreError::Unsupported(
+                "skerry: this member runs without replication; membership changes need a \
+                 Raft cluster (--initial-cluster)"
+                    .into(),
+            ));
+        }
+        let replicator = self.shared.replicator.get().ok_or(StoreError::NoLeader)?;
+        let (reply, rx) = oneshot::channel();
+        replicator.change_membership(change, reply);
+        match tokio::time::timeout(REPLICATED_REQUEST_TIMEOUT, rx).await {
+            Ok(Ok(Ok(CommandResult::Membership))) => Ok(()),
+            Ok(Ok(Ok(other))) => Err(unexpected(&other)),
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(_)) | Err(_) => Err(StoreError::Timeout),
+        }
+    }
+
     /// Whether this member decides lease expiry (see [`Store::set_leadership`]).
     pub fn is_lease_authority(&self) -> bool {
         self.shared.lease_authority.load(Ordering::Acquire)

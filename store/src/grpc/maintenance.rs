@@ -20,6 +20,7 @@ use crate::pb::etcdserverpb::{
     StatusResponse, alarm_request::AlarmAction, cluster_server::Cluster,
     maintenance_server::Maintenance,
 };
+use crate::replication::MembershipChange;
 
 /// Bytes per snapshot message (etcd's `snapshotSendBufferSize`).
 pub const SNAPSHOT_CHUNK_BYTES: usize = 32 * 1024;
@@ -27,9 +28,10 @@ pub const SNAPSHOT_CHUNK_BYTES: usize = 32 * 1024;
 /// Snapshot chunks read ahead of the client. Bounds memory per snapshot stream.
 const SNAPSHOT_CHUNKS_AHEAD_MAX: usize = 16;
 
-/// The message of a membership change on a store that is not replicated yet.
-const MEMBERSHIP_UNSUPPORTED: &str =
-    "skerry: this member runs without replication; membership changes need a Raft cluster";
+/// `member update` (new peer URLs for a member in place) is not built: a box that changes
+/// address is removed and added again, which the appliance's runbook does anyway.
+const MEMBER_UPDATE_UNSUPPORTED: &str = "skerry: changing a member's peer URLs in place is not \
+     supported; remove the member and add it again with its new URLs";
 
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
 
@@ -181,31 +183,51 @@ impl Maintenance for EtcdApi {
 }
 
 impl EtcdApi {
-    fn members(&self) -> Vec<Member> {
-        let mut members = vec![Member {
-            id: self.store.member_id(),
-            name: self.member.name.clone(),
-            peer_urls: self.member.peer_urls.clone(),
-            client_urls: self.member.client_urls.clone(),
-            is_learner: false,
-        }];
-        // Other members' client URLs are what they published through the log.
-        let published = self.store.members().unwrap_or_default();
-        members.extend(self.peers.iter().map(|(id, peer)| {
-            Member {
-                id: *id,
-                name: peer.name.clone(),
-                peer_urls: peer.peer_urls.clone(),
-                client_urls: published
-                    .iter()
-                    // A row a membership change made before the member published has none.
-                    .find(|m| m.id == *id && !m.client_urls.is_empty())
-                    .map_or_else(|| peer.client_urls.clone(), |m| m.client_urls.clone()),
-                is_learner: false,
+    /// The members as the log recorded them (membership changes, and the names and client
+    /// URLs each member published at start); a single store is its own only member.
+    fn members(&self) -> Result<Vec<Member>, StoreError> {
+        let me = self.store.member_id();
+        let recorded = if self.store.is_replicated() {
+            self.store.members()?
+        } else {
+            Vec::new()
+        };
+        let mut members: Vec<Member> = recorded
+            .into_iter()
+            .map(|m| Member {
+                id: m.id,
+                name: m.name,
+                peer_urls: m.peer_urls,
+                client_urls: m.client_urls,
+                is_learner: m.is_learner,
+            })
+            .collect();
+        match members.iter_mut().find(|m| m.id == me) {
+            // Until our own publication is applied, say what our flags say.
+            Some(mine) => {
+                if mine.client_urls.is_empty() {
+                    mine.client_urls = self.member.client_urls.clone();
+                }
+                if mine.name.is_empty() {
+                    mine.name = self.member.name.clone();
+                }
             }
-        }));
+            None => members.push(Member {
+                id: me,
+                name: self.member.name.clone(),
+                peer_urls: self.member.peer_urls.clone(),
+                client_urls: self.member.client_urls.clone(),
+                is_learner: false,
+            }),
+        }
         members.sort_by_key(|m| m.id);
-        members
+        Ok(members)
+    }
+
+    /// Applies a membership change and answers with the members after it.
+    async fn change(&self, change: MembershipChange) -> Result<Vec<Member>, Status> {
+        self.store.change_membership(change).await.map_err(status)?;
+        self.members().map_err(status)
     }
 }
 
@@ -213,23 +235,46 @@ impl EtcdApi {
 impl Cluster for EtcdApi {
     async fn member_add(
         &self,
-        _r: Request<MemberAddRequest>,
+        request: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
-        Err(Status::failed_precondition(MEMBERSHIP_UNSUPPORTED))
+        let request = request.into_inner();
+        let members = self
+            .change(MembershipChange::Add {
+                peer_urls: request.peer_urls.clone(),
+                learner: request.is_learner,
+            })
+            .await?;
+        let member = members
+            .iter()
+            .find(|m| m.peer_urls == request.peer_urls)
+            .cloned();
+        Ok(Response::new(MemberAddResponse {
+            header: Some(self.store.header(0)),
+            member,
+            members,
+        }))
     }
 
     async fn member_remove(
         &self,
-        _r: Request<MemberRemoveRequest>,
+        request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
-        Err(Status::failed_precondition(MEMBERSHIP_UNSUPPORTED))
+        let members = self
+            .change(MembershipChange::Remove {
+                id: request.get_ref().id,
+            })
+            .await?;
+        Ok(Response::new(MemberRemoveResponse {
+            header: Some(self.store.header(0)),
+            members,
+        }))
     }
 
     async fn member_update(
         &self,
         _r: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
-        Err(Status::failed_precondition(MEMBERSHIP_UNSUPPORTED))
+        Err(Status::failed_precondition(MEMBER_UPDATE_UNSUPPORTED))
     }
 
     async fn member_list(
@@ -239,14 +284,22 @@ impl Cluster for EtcdApi {
         // etcd's Cluster service leaves the revision out of its headers.
         Ok(Response::new(MemberListResponse {
             header: Some(self.store.header(0)),
-            members: self.members(),
+            members: self.members().map_err(status)?,
         }))
     }
 
     async fn member_promote(
         &self,
-        _r: Request<MemberPromoteRequest>,
+        request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
-        Err(Status::failed_precondition(MEMBERSHIP_UNSUPPORTED))
+        let members = self
+            .change(MembershipChange::Promote {
+                id: request.get_ref().id,
+            })
+            .await?;
+        Ok(Response::new(MemberPromoteResponse {
+            header: Some(self.store.header(0)),
+            members,
+        }))
     }
 }

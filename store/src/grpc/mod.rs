@@ -38,10 +38,9 @@ pub struct MemberInfo {
 #[derive(Clone)]
 pub struct EtcdApi {
     store: Store,
+    /// This member as its flags describe it. The cluster's members, this one included, are
+    /// what the replicated log recorded (see `Store::members`).
     member: Arc<MemberInfo>,
-    /// The other members of the cluster, by id (empty for a single store). Their client URLs
-    /// come from what they publish through the log (see `Store::publish_member`).
-    peers: Arc<Vec<(u64, MemberInfo)>>,
 }
 
 impl EtcdApi {
@@ -49,14 +48,7 @@ impl EtcdApi {
         Self {
             store,
             member: Arc::new(member),
-            peers: Arc::new(Vec::new()),
         }
-    }
-
-    /// The other members, for `MemberList`.
-    pub fn with_peers(mut self, peers: Vec<(u64, MemberInfo)>) -> Self {
-        self.peers = Arc::new(peers);
-        self
     }
 }
 
@@ -85,8 +77,15 @@ pub fn status(e: StoreError) -> tonic::Status {
         StoreError::Compacted { .. }
         | StoreError::FutureRevision
         | StoreError::LeaseTtlTooLarge => Code::OutOfRange,
-        StoreError::LeaseNotFound => Code::NotFound,
-        StoreError::LeaseExists => Code::FailedPrecondition,
+        StoreError::LeaseNotFound | StoreError::MemberNotFound => Code::NotFound,
+        StoreError::LeaseExists
+        | StoreError::PeerUrlExists
+        | StoreError::NotEnoughStarted
+        | StoreError::MemberNotLearner
+        | StoreError::LearnerNotReady
+        | StoreError::TooManyLearners
+        | StoreError::Unsupported(_) => Code::FailedPrecondition,
+        StoreError::MemberBadUrls => Code::InvalidArgument,
         StoreError::Stopped
         | StoreError::NoLeader
         | StoreError::LeaderChanged
