@@ -27,10 +27,16 @@ struct Cluster {
     client_ports: Vec<u16>,
     root: tempfile::TempDir,
     members: Vec<Option<Server>>,
+    /// Flags every member gets beyond the cluster's.
+    extra: Vec<String>,
 }
 
 impl Cluster {
     fn start() -> Cluster {
+        Self::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Cluster {
         let peer_ports: Vec<u16> = NAMES.iter().map(|_| free_port()).collect();
         let initial = NAMES
             .iter()
@@ -44,6 +50,7 @@ impl Cluster {
             client_ports: NAMES.iter().map(|_| free_port()).collect(),
             root: tempfile::tempdir().expect("tempdir"),
             members: NAMES.iter().map(|_| None).collect(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         for i in 0..NAMES.len() {
             cluster.start_member(i);
@@ -52,23 +59,34 @@ impl Cluster {
     }
 
     fn start_member(&mut self, i: usize) {
-        let dir = self.root.path().join(NAMES[i]);
-        let listen = format!("http://127.0.0.1:{}", self.peer_ports[i]);
-        let server = Server::start_on_port(
-            &dir,
-            self.client_ports[i],
-            &[
-                "--name",
-                NAMES[i],
-                "--initial-cluster",
-                &self.initial,
-                "--listen-peer-urls",
-                &listen,
-                "--initial-advertise-peer-urls",
-                &listen,
-            ],
-        );
+        self.start_member_with(i, &[]);
+    }
+
+    fn start_member_with(&mut self, i: usize, more: &[&str]) {
+        let dir = self.member_dir(i);
+        let listen = self.peer_url(i);
+        let mut args = vec![
+            "--name",
+            NAMES[i],
+            "--initial-cluster",
+            &self.initial,
+            "--listen-peer-urls",
+            &listen,
+            "--initial-advertise-peer-urls",
+            &listen,
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        args.extend(more);
+        let server = Server::start_on_port(&dir, self.client_ports[i], &args);
         self.members[i] = Some(server);
+    }
+
+    fn member_dir(&self, i: usize) -> std::path::PathBuf {
+        self.root.path().join(NAMES[i])
+    }
+
+    fn peer_url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.peer_ports[i])
     }
 
     fn member(&self, i: usize) -> &Server {
@@ -534,5 +552,189 @@ async fn members_killed_again_and_again_lose_no_acknowledged_write() {
         "cluster crash test: {rounds} kills, {} acknowledged writes, all on every member",
         acked.len()
     );
+    drop(cluster);
+}
+
+/// The member ids `etcdctl member list -w json` shows, with their learner flag.
+fn member_ids(endpoint: &str) -> Vec<(u64, bool)> {
+    let out = etcdctl(endpoint, &["member", "list", "-w", "json"]);
+    let parsed: serde_json::Value = serde_json::from_str(&out).unwrap_or(serde_json::Value::Null);
+    parsed["members"]
+        .as_array()
+        .map(|members| {
+            members
+                .iter()
+                .map(|m| {
+                    (
+                        m["ID"].as_u64().unwrap_or(0),
+                        m["isLearner"].as_bool().unwrap_or(false),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_member_is_removed_added_back_with_etcdctl_and_catches_up_by_snapshot() {
+    // Compact the log often, so the returning member is far behind its start.
+    let mut cluster = tokio::task::spawn_blocking(|| {
+        let cluster = Cluster::start_with(&[
+            "--snapshot-count",
+            "200",
+            "--experimental-snapshot-catchup-entries",
+            "20",
+        ]);
+        cluster.wait_for_leader(None);
+        cluster
+    })
+    .await
+    .expect("start");
+    let endpoints: Vec<String> = (0..3).map(|i| cluster.member(i).endpoint()).collect();
+    let acked = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(writer(endpoints.clone(), acked.clone(), stop.clone()));
+    let result = tokio::task::spawn_blocking(move || {
+        let leader = cluster.wait_for_leader(None);
+        let gone = (leader + 1) % 3;
+        let other = (leader + 2) % 3;
+        let ids = member_ids(&cluster.member(leader).endpoint());
+        assert_eq!(ids.len(), 3, "{ids:?}");
+        let gone_id = {
+            let out = etcdctl(
+                &cluster.member(gone).endpoint(),
+                &["endpoint", "status", "-w", "json"],
+            );
+            let parsed: serde_json::Value = serde_json::from_str(&out).expect("status json");
+            parsed[0]["Status"]["header"]["member_id"]
+                .as_u64()
+                .expect("member id")
+        };
+
+        // Remove it: it stops by itself, saying why.
+        let out = etcdctl_raw(
+            &cluster.member(leader).endpoint(),
+            &["member", "remove", &format!("{gone_id:x}")],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut removed = cluster.members[gone].take().expect("running");
+        let deadline = Instant::now() + WAIT;
+        let status = loop {
+            if let Some(status) = removed.try_wait() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "the removed member kept running");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(!status.success());
+        assert!(
+            removed.logs().contains("removed from the cluster"),
+            "{}",
+            removed.logs()
+        );
+        assert_eq!(member_ids(&cluster.member(leader).endpoint()).len(), 2);
+
+        // Its box is wiped. Meanwhile the others go on, and compact their logs (the store's
+        // durable point, which bounds compaction, moves at its 5 s checkpoint).
+        std::fs::remove_dir_all(cluster.member_dir(gone)).expect("wipe");
+        std::thread::sleep(Duration::from_secs(6));
+
+        // `member add --learner` with the same peer URL, then the box starts empty and joins.
+        let out = etcdctl_raw(
+            &cluster.member(other).endpoint(),
+            &[
+                "member",
+                "add",
+                NAMES[gone],
+                &format!("--peer-urls={}", cluster.peer_url(gone)),
+                "--learner",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ids = member_ids(&cluster.member(leader).endpoint());
+        let (new_id, _) = *ids
+            .iter()
+            .find(|(_, learner)| *learner)
+            .expect("the new member is listed as a learner");
+        assert_ne!(new_id, gone_id, "a member added again gets a new id");
+        cluster.start_member_with(gone, &["--initial-cluster-state", "existing"]);
+        let deadline = Instant::now() + WAIT;
+        while !cluster
+            .member(gone)
+            .logs()
+            .contains("installed a snapshot from the leader")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the new member did not receive a snapshot: {}",
+                cluster.member(gone).logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+
+        // Promote it once it has caught up (etcd refuses before).
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let out = etcdctl_raw(
+                &cluster.member(leader).endpoint(),
+                &["member", "promote", &format!("{new_id:x}")],
+            );
+            if out.status.success() {
+                break;
+            }
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(err.contains("in sync with leader"), "{err}");
+            assert!(Instant::now() < deadline, "never promoted: {err}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let ids = member_ids(&cluster.member(gone).endpoint());
+        assert_eq!(ids.len(), 3);
+        assert!(ids.iter().all(|(_, learner)| !learner), "{ids:?}");
+        cluster
+    })
+    .await;
+    let cluster = match result {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            stop.store(true, Ordering::Release);
+            std::panic::resume_unwind(e.into_panic());
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Release);
+    load.await.expect("writer");
+    let last = acked.load(Ordering::Acquire);
+    assert!(
+        last > 0,
+        "no write was acknowledged under the membership changes"
+    );
+    // Every acknowledged write is on every member, the rebuilt one included.
+    for endpoint in &endpoints {
+        let mut kv = connect(endpoint).await.expect("connect");
+        let resp = kv
+            .range(RangeRequest {
+                key: Bytes::from_static(b"counter"),
+                ..Default::default()
+            })
+            .await
+            .expect("linearizable read")
+            .into_inner();
+        let value: u64 = std::str::from_utf8(&resp.kvs[0].value)
+            .expect("utf8")
+            .parse()
+            .expect("number");
+        assert!(
+            value >= last,
+            "{endpoint}: counter {value} < acknowledged {last}"
+        );
+    }
     drop(cluster);
 }
