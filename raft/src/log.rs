@@ -608,4 +608,51 @@ mod tests {
             Err(raft::Error::Store(StorageError::Compacted))
         ));
     }
+
+    #[test]
+    fn an_installed_snapshot_replaces_the_log_and_survives_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = LogStore::open(dir.path()).expect("open");
+        log.set_conf_state(&ConfState {
+            voters: vec![1, 2, 3],
+            ..Default::default()
+        })
+        .expect("conf");
+        // Entries up to 30 at term 2, of which only 10 are committed: the ones above the
+        // snapshot (an old leader's) must not come back.
+        let entries: Vec<Entry> = (1..=30).map(|i| entry(i, 2, "old")).collect();
+        let hard = HardState {
+            term: 2,
+            commit: 10,
+            ..Default::default()
+        };
+        log.persist(&entries, Some(&hard), true).expect("persist");
+        let conf = ConfState {
+            voters: vec![1, 2, 4],
+            learners: vec![5],
+            ..Default::default()
+        };
+        log.apply_snapshot(20, 3, &conf).expect("install");
+        let check = |log: &LogStore| {
+            assert_eq!(log.first_index(), 21);
+            assert_eq!(log.last_index(), 20);
+            assert_eq!(log.term(20).expect("floor term"), 3);
+            assert!(log.has_entry(20, 3));
+            assert!(!log.has_entry(20, 2));
+            assert_eq!(log.hard_state().commit, 20);
+            assert_eq!(log.hard_state().term, 3);
+            assert_eq!(log.conf_state(), conf);
+        };
+        check(&log);
+        drop(log);
+        let log = LogStore::open(dir.path()).expect("reopen");
+        check(&log);
+        // The log goes on after the snapshot, and that survives too.
+        log.persist(&[entry(21, 3, "new")], None, true)
+            .expect("append");
+        drop(log);
+        let log = LogStore::open(dir.path()).expect("reopen again");
+        assert_eq!(log.last_index(), 21);
+        assert!(log.has_entry(21, 3));
+    }
 }

@@ -28,7 +28,7 @@ use prost::Message as _;
 use protobuf::Message as _;
 use raft::eraftpb::{
     ConfChange, ConfChangeSingle, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType,
-    HardState, Message, Snapshot,
+    HardState, Message, MessageType, Snapshot,
 };
 use raft::{GetEntriesContext, RaftState, RawNode, StateRole, Storage, StorageError};
 use skerry_store::pb::command::{
@@ -775,10 +775,32 @@ impl Driver {
                     // It speaks: alive after all (a broken link, since mended).
                     self.suspect = None;
                 }
+                let snapshot_file = (m.get_msg_type() == MessageType::MsgSnapshot).then(|| {
+                    std::path::PathBuf::from(
+                        String::from_utf8_lossy(&m.get_snapshot().data).into_owned(),
+                    )
+                });
                 // Messages from unknown members or stale terms are refused by raft-rs; that
                 // is routine, not an error worth more than debug.
                 if let Err(e) = self.raw.step(m) {
                     tracing::debug!(error = %e, "raft refused a message");
+                }
+                if let Some(path) = snapshot_file {
+                    // A snapshot raft-rs did not take (stale, or not for a member of its
+                    // membership) will not be installed: its file goes now.
+                    let taken = self
+                        .raw
+                        .raft
+                        .raft_log
+                        .unstable_snapshot()
+                        .as_ref()
+                        .is_some_and(|snap| {
+                            snap.data.as_ref() == path.to_string_lossy().as_bytes()
+                        });
+                    if !taken {
+                        info!(path = %path.display(), "raft-rs passed over a snapshot; dropping it");
+                        let _ = std::fs::remove_file(&path);
+                    }
                 }
             }
             Received::LeaseRenewals(ids) => {
