@@ -659,7 +659,8 @@ async fn a_wiped_member_is_removed_added_back_with_etcdctl_and_catches_up_by_sna
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let ids = member_ids(&cluster.member(leader).endpoint());
+        // Listed by the member asked, which answered once it applied the change.
+        let ids = member_ids(&cluster.member(other).endpoint());
         let (new_id, _) = *ids
             .iter()
             .find(|(_, learner)| *learner)
@@ -695,9 +696,16 @@ async fn a_wiped_member_is_removed_added_back_with_etcdctl_and_catches_up_by_sna
             assert!(Instant::now() < deadline, "never promoted: {err}");
             std::thread::sleep(Duration::from_millis(200));
         }
-        let ids = member_ids(&cluster.member(gone).endpoint());
-        assert_eq!(ids.len(), 3);
-        assert!(ids.iter().all(|(_, learner)| !learner), "{ids:?}");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            // The new member lists itself a voter once it has applied its promotion.
+            let ids = member_ids(&cluster.member(gone).endpoint());
+            if ids.len() == 3 && ids.iter().all(|(_, learner)| !learner) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{ids:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
         cluster
     })
     .await;

@@ -672,7 +672,8 @@ async fn a_member_joins_as_a_learner_is_promoted_and_a_member_is_removed() {
     )
     .await
     .expect("add a learner");
-    let listed = members[0].store().members().expect("members");
+    // Listed on the member that applied it (the one asked answers once it has).
+    let listed = members[follower].store().members().expect("members");
     let added = listed
         .iter()
         .find(|m| m.peer_urls == vec![url.clone()])
@@ -752,6 +753,11 @@ async fn a_member_joins_as_a_learner_is_promoted_and_a_member_is_removed() {
             .await,
         Err(StoreError::MemberNotFound)
     );
+    members[3]
+        .store()
+        .wait_applied(members[0].store().applied_index())
+        .await
+        .expect("applied");
     let listed = members[3].store().members().expect("members");
     assert_eq!(listed.len(), 4);
     assert!(listed.iter().all(|m| !m.is_learner));
