@@ -8,8 +8,12 @@
 //!   `Ready`).
 //! - [`transport`]: TCP between members: framed, batched, reconnecting; [`tls`]: mutual TLS
 //!   for it.
-//! - [`node`]: the thread that owns the `RawNode` and handles each `Ready`; the
-//!   [`node::RaftHandle`] the store submits writes and ReadIndex rounds through.
+//! - [`core`]: the node's logic (inputs, ticks, each `Ready`, membership, compaction,
+//!   snapshots) over a [`core::Host`]: the same code in production and in the deterministic
+//!   simulation.
+//! - [`node`]: production: the thread that drives the logic with the store, the log, the
+//!   transport and the real clock; the [`node::RaftHandle`] the store submits writes,
+//!   ReadIndex rounds and membership changes through.
 //!
 //! The store (`skerry-store`) knows nothing of Raft: opened replicated, it applies committed
 //! entries by index (see `skerry_store::replication`). Of the seed's tricks, leader election
@@ -17,6 +21,7 @@
 //! lease-based reads) for linearizable reads.
 
 pub mod config;
+pub mod core;
 pub mod error;
 pub mod log;
 mod logger;

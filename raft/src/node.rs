@@ -1,22 +1,12 @@
-//! The Raft node: one thread owns the `RawNode` and drives it — ticks, steps peer messages,
-//! proposes, starts ReadIndex rounds, and handles each `Ready` in raft-rs's order:
+//! The Raft node in production: a thread that owns the node's logic ([`crate::core::Core`])
+//! and drives it with the real clock, the store, the segment-file log and the TCP transport
+//! (the [`Host`] implementation here), and [`RaftHandle`], through which the store submits
+//! writes, ReadIndex rounds and membership changes.
 //!
-//! 1. messages that need nothing durable (the leader's appends) go out at once, in parallel
-//!    with its own fsync;
-//! 2. entries committed earlier are handed to the store, in order, with the replies of the
-//!    clients on this member that proposed them;
-//! 3. the Ready's entries and hard state are persisted (one fsync when raft-rs says so);
-//! 4. only then votes and append acknowledgements go out;
-//! 5. read states answer the ReadIndex round they belong to;
-//! 6. `advance`, and the same for the light Ready it returns.
-//!
-//! Proposals carry `(member id, proposal id)` as their context, so the member a client asked
-//! recognises its entry when it applies it and answers with the entry's result. Followers
-//! forward proposals to the leader (raft-rs does), so any member takes writes. Many client
-//! proposals arriving together land in one Ready and share its fsync. Concurrent linearizable
-//! reads share one ReadIndex round per loop turn.
+//! The loop takes up to [`MESSAGES_PER_TURN_MAX`] inputs per turn, so a burst of proposals
+//! lands in one `Ready` and shares its fsync, ticks every heartbeat interval, and handles the
+//! `Ready` at the end of each turn.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
@@ -24,22 +14,17 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
-use prost::Message as _;
 use protobuf::Message as _;
-use raft::eraftpb::{
-    ConfChange, ConfChangeSingle, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType,
-    HardState, Message, MessageType, Snapshot,
-};
-use raft::{GetEntriesContext, RaftState, RawNode, StateRole, Storage, StorageError};
-use skerry_store::pb::command::{
-    Command, Member as MemberRecord, Membership, command::Command as Cmd,
-};
+use raft::eraftpb::{ConfState, Entry, HardState, Message, Snapshot};
+use raft::{GetEntriesContext, RaftState, RawNode, Storage, StorageError};
+use skerry_store::pb::command::{Command, Member as MemberRecord};
 use skerry_store::replication::{Committed, MembershipChange, ReplicaStatus, Replicator, Reply};
 use skerry_store::{Store, StoreError};
 use tokio::sync::oneshot;
 use tracing::{error, info, warn};
 
 use crate::config::{ClusterConfig, ClusterState};
+use crate::core::{Core, CoreConfig, Host, Input, bootstrap_entries};
 use crate::error::RaftError;
 use crate::log::LogStore as RaftLog;
 use crate::transport::{JoinAnswer, OutgoingSnapshots, Received, SnapshotSetup, Transport};
@@ -56,45 +41,14 @@ pub const MESSAGES_PER_TURN_MAX: usize = 4_096;
 pub const APPEND_BYTES_MAX: u64 = 1 << 20;
 /// Appends in flight to one follower before waiting for acknowledgements (etcd: 512).
 pub const APPENDS_IN_FLIGHT_MAX: usize = 512;
-/// How long a proposal or read waits for a leader to be known (during an election, or
-/// just after this member started) before it is refused with "no leader": two election
-/// timeouts, time for one election and a retry.
-pub const LEADERLESS_WAIT_ELECTIONS: u32 = 2;
-
-/// How long a ReadIndex round may wait for its answer before its readers are told to retry:
-/// raft-rs drops rounds silently when leadership changes.
-pub const READ_ROUND_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// etcd allows one learner at a time (`maxLearners`): a learner is a member on its way in,
-/// and two at once on a three-box appliance means a botched replacement.
-pub const LEARNERS_MAX: usize = 1;
-/// A learner is promoted only once it holds this share of the leader's log (etcd's
-/// `readyPercent`): promoting a learner far behind would stall commits until it caught up.
-pub const LEARNER_READY_PERCENT: u64 = 90;
 /// Written into the raft dir when this member applies its own removal: a removed member must
 /// not come back with its old identity (its vote and log are no longer the cluster's).
 pub const REMOVED_MARKER: &str = "removed";
 /// Name of the directory (inside the raft dir) that holds incoming snapshot files.
 pub const SNAPSHOT_DIR: &str = "snap";
 
-/// A linearizable reader waiting for the read index of its round.
-type ReadWaiter = oneshot::Sender<Result<u64, StoreError>>;
-
 enum NodeMsg {
-    /// From the transport: peer messages, snapshot outcomes, forwarded requests.
-    Received(Box<Received>),
-    Propose {
-        command: Command,
-        reply: Reply,
-    },
-    ReadIndex(oneshot::Sender<Result<u64, StoreError>>),
-    /// A lease renewal by our clients, passed to the leader when we follow.
-    RenewLease(i64),
-    /// A membership change asked for by a client of this member.
-    Membership {
-        change: MembershipChange,
-        reply: Reply,
-    },
+    Input(Input),
     /// Stop; a leader first hands leadership to the most up-to-date follower (waiting at
     /// most one election timeout), so that a rolling restart costs no election.
     Stop {
@@ -133,14 +87,17 @@ impl RaftHandle {
 
 impl Replicator for RaftHandle {
     fn submit(&self, command: Command, reply: Reply) {
-        if let Err(NodeMsg::Propose { reply, .. }) = self.send(NodeMsg::Propose { command, reply })
+        if let Err(NodeMsg::Input(Input::Propose { reply, .. })) =
+            self.send(NodeMsg::Input(Input::Propose { command, reply }))
         {
             let _ = reply.send(Err(StoreError::Timeout));
         }
     }
 
     fn read_index(&self, reply: oneshot::Sender<Result<u64, StoreError>>) {
-        if let Err(NodeMsg::ReadIndex(reply)) = self.send(NodeMsg::ReadIndex(reply)) {
+        if let Err(NodeMsg::Input(Input::ReadIndex(reply))) =
+            self.send(NodeMsg::Input(Input::ReadIndex(reply)))
+        {
             let _ = reply.send(Err(StoreError::Timeout));
         }
     }
@@ -151,12 +108,12 @@ impl Replicator for RaftHandle {
 
     fn renew_lease(&self, id: i64) {
         // Best effort: a renewal lost to a full queue is repeated by the client's next one.
-        let _ = self.send(NodeMsg::RenewLease(id));
+        let _ = self.send(NodeMsg::Input(Input::RenewLease(id)));
     }
 
     fn change_membership(&self, change: MembershipChange, reply: Reply) {
-        if let Err(NodeMsg::Membership { reply, .. }) =
-            self.send(NodeMsg::Membership { change, reply })
+        if let Err(NodeMsg::Input(Input::Membership { reply, .. })) =
+            self.send(NodeMsg::Input(Input::Membership { change, reply }))
         {
             let _ = reply.send(Err(StoreError::Timeout));
         }
@@ -260,7 +217,7 @@ impl RaftNode {
         let (tx, rx) = std::sync::mpsc::sync_channel(NODE_QUEUE_MAX);
         let inbound_tx = tx.clone();
         let inbound: crate::transport::Inbound = Arc::new(move |received: Received| {
-            let msg = NodeMsg::Received(Box::new(received));
+            let msg = NodeMsg::Input(Input::Received(Box::new(received)));
             !matches!(inbound_tx.try_send(msg), Err(TrySendError::Disconnected(_)))
         });
         let snap_dir = log_dir.join(SNAPSHOT_DIR);
@@ -329,36 +286,30 @@ impl RaftNode {
         };
         store.set_replicator(Arc::new(handle.clone()));
         let compacted_at = log.first_index().saturating_sub(1).max(applied);
-        let mut driver = Driver {
+        let core = Core::new(
+            &CoreConfig {
+                id: cluster.id,
+                cluster_id: cluster.cluster_id,
+                peer_https: cluster.peer_https,
+                election: cluster.election,
+                snapshot_count: cluster.snapshot_count,
+                catchup_entries: cluster.snapshot_catchup_entries,
+            },
             raw,
-            log,
-            rx,
-            transport: transport.clone(),
-            store,
-            shared,
-            id: cluster.id,
-            cluster_id: cluster.cluster_id,
-            peer_https: cluster.peer_https,
-            tick_every: cluster.heartbeat,
-            next_proposal: 1,
-            pending: HashMap::new(),
-            read_waiters: Vec::new(),
-            read_rounds: HashMap::new(),
-            next_round: 1,
-            leader: 0,
-            term: 0,
-            stopping: None,
-            leaderless: Vec::new(),
-            suspect: None,
-            renewals: Vec::new(),
-            election: cluster.election,
-            snapshot_count: cluster.snapshot_count.max(1),
-            catchup_entries: cluster.snapshot_catchup_entries,
+            ProdHost {
+                log: log.clone(),
+                store,
+                transport: transport.clone(),
+            },
             compacted_at,
-            removed: false,
+        );
+        let mut driver = Driver {
+            core,
+            rx,
+            shared,
+            tick_every: cluster.heartbeat,
             log_dir: log_dir.to_path_buf(),
         };
-        let log = driver.log.clone();
         let thread = std::thread::Builder::new()
             .name("skerry-raft".into())
             .spawn(move || driver.run())
@@ -415,107 +366,6 @@ impl Drop for RaftNode {
     }
 }
 
-struct Driver {
-    raw: RawNode<NodeStorage>,
-    log: RaftLog,
-    rx: Receiver<NodeMsg>,
-    transport: Transport,
-    store: Store,
-    shared: Arc<Shared>,
-    id: u64,
-    tick_every: Duration,
-    next_proposal: u64,
-    /// Replies of clients on this member, by proposal id, until their entry is applied.
-    pending: HashMap<u64, Reply>,
-    /// Readers waiting for the next ReadIndex round.
-    read_waiters: Vec<ReadWaiter>,
-    /// Rounds started and not yet answered, by round id: when each started, and its readers.
-    read_rounds: HashMap<u64, (Instant, Vec<ReadWaiter>)>,
-    next_round: u64,
-    leader: u64,
-    term: u64,
-    /// Stopping after a leadership transfer: stop once leadership moved or at this instant.
-    stopping: Option<Instant>,
-    /// Proposals and reads that arrived while no leader was known, with their arrival.
-    leaderless: Vec<(Instant, NodeMsg)>,
-    /// The leader whose connection to us dropped: campaign every tick until another leads.
-    suspect: Option<u64>,
-    /// Lease renewals by our clients, passed on to the leader once per loop turn.
-    renewals: Vec<i64>,
-    election: Duration,
-    cluster_id: u64,
-    peer_https: bool,
-    /// Compact the log every this many applied entries ...
-    snapshot_count: u64,
-    /// ... keeping this many below the applied index.
-    catchup_entries: u64,
-    /// The applied index at the last compaction.
-    compacted_at: u64,
-    /// This member applied its own removal: stop.
-    removed: bool,
-    log_dir: std::path::PathBuf,
-}
-
-/// A proposal's (or ReadIndex round's) context: the member and its proposal (round) id.
-fn proposal_context(member: u64, proposal: u64) -> Vec<u8> {
-    let mut ctx = member.to_le_bytes().to_vec();
-    ctx.extend_from_slice(&proposal.to_le_bytes());
-    ctx
-}
-
-fn parse_context(ctx: &[u8]) -> Option<(u64, u64)> {
-    if ctx.len() != 16 {
-        return None;
-    }
-    let mut word = [0u8; 8];
-    word.copy_from_slice(&ctx[..8]);
-    let member = u64::from_le_bytes(word);
-    word.copy_from_slice(&ctx[8..]);
-    Some((member, u64::from_le_bytes(word)))
-}
-
-/// Writes a new cluster's first entries: one committed membership change per member, in
-/// id order, at term 1, identical on every member (they derive the same ids from the same
-/// flags). Each carries the member's record (id, name, peer URLs) so the store's member list
-/// and a later member's transport learn them from the log.
-fn bootstrap(log: &RaftLog, cluster: &ClusterConfig) -> Result<(), RaftError> {
-    let mut entries = Vec::with_capacity(cluster.members.len());
-    for (i, member) in cluster.members.values().enumerate() {
-        let record = MemberRecord {
-            id: member.id,
-            name: member.name.clone(),
-            peer_urls: member.peer_urls.clone(),
-            ..Default::default()
-        };
-        let mut cc = ConfChange::default();
-        cc.set_change_type(ConfChangeType::AddNode);
-        cc.node_id = member.id;
-        cc.context = conf_change_context(0, 0, &record).into();
-        let mut entry = Entry::default();
-        entry.set_entry_type(EntryType::EntryConfChange);
-        entry.index = i as u64 + 1;
-        entry.term = 1;
-        entry.data = cc
-            .write_to_bytes()
-            .map_err(|e| RaftError::Raft(format!("encode: {e}")))?
-            .into();
-        entries.push(entry);
-    }
-    let hard = HardState {
-        term: 1,
-        commit: entries.len() as u64,
-        ..Default::default()
-    };
-    log.persist(&entries, Some(&hard), true)?;
-    let conf = ConfState {
-        voters: cluster.members.keys().copied().collect(),
-        ..Default::default()
-    };
-    log.set_conf_state(&conf)?;
-    info!(members = conf.voters.len(), "bootstrapped a new cluster");
-    Ok(())
-}
-
 /// A crash between the store installing a snapshot and the log recording it leaves the store
 /// ahead of the log: finish the log's part from what the store recorded.
 fn repair_after_install(log: &RaftLog, store: &Store) -> Result<(), RaftError> {
@@ -539,27 +389,6 @@ fn repair_after_install(log: &RaftLog, store: &Store) -> Result<(), RaftError> {
         term, "finishing a snapshot install a crash interrupted"
     );
     log.apply_snapshot(index, term, &conf)
-}
-
-/// A membership entry's context: the proposing member and its proposal id (as for commands),
-/// then the record of the member the change is about.
-fn conf_change_context(member: u64, proposal: u64, record: &MemberRecord) -> Vec<u8> {
-    let mut ctx = proposal_context(member, proposal);
-    ctx.extend_from_slice(&record.encode_to_vec());
-    ctx
-}
-
-fn parse_conf_change_context(ctx: &[u8]) -> Option<((u64, u64), MemberRecord)> {
-    if ctx.len() < 16 {
-        return None;
-    }
-    let origin = parse_context(&ctx[..16])?;
-    let record = MemberRecord::decode(&ctx[16..]).ok()?;
-    Some((origin, record))
-}
-
-fn in_conf(conf: &ConfState, id: u64) -> bool {
-    conf.voters.contains(&id) || conf.learners.contains(&id)
 }
 
 /// raft-rs's view of the log and of snapshots: the log for entries and states, the store
@@ -643,58 +472,55 @@ impl Storage for NodeStorage {
     }
 }
 
+/// The production loop around the node's logic.
+struct Driver {
+    core: Core<ProdHost>,
+    rx: Receiver<NodeMsg>,
+    shared: Arc<Shared>,
+    tick_every: Duration,
+    log_dir: std::path::PathBuf,
+}
+
 impl Driver {
     fn run(&mut self) {
         let mut next_tick = Instant::now() + self.tick_every;
         loop {
             let wait = next_tick.saturating_duration_since(Instant::now());
+            let mut stop = false;
             match self.rx.recv_timeout(wait) {
-                Ok(NodeMsg::Stop { transfer }) => {
-                    if !self.begin_stop(transfer) {
-                        break;
-                    }
-                }
-                Ok(msg) => self.handle(msg),
+                Ok(NodeMsg::Stop { transfer }) => stop = !self.core.begin_stop(transfer),
+                Ok(NodeMsg::Input(input)) => self.core.handle(input),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
-            let mut stop = false;
             for _ in 0..MESSAGES_PER_TURN_MAX {
+                if stop {
+                    break;
+                }
                 match self.rx.try_recv() {
-                    Ok(NodeMsg::Stop { transfer }) => {
-                        if !self.begin_stop(transfer) {
-                            stop = true;
-                            break;
-                        }
-                    }
-                    Ok(msg) => self.handle(msg),
+                    Ok(NodeMsg::Stop { transfer }) => stop = !self.core.begin_stop(transfer),
+                    Ok(NodeMsg::Input(input)) => self.core.handle(input),
                     Err(_) => break,
                 }
             }
             if stop {
                 break;
             }
-            self.start_read_round();
-            if !self.renewals.is_empty() && self.leader != 0 {
-                let ids = std::mem::take(&mut self.renewals);
-                self.transport.send_lease_renewals(self.leader, ids);
-            }
             let now = Instant::now();
             if now >= next_tick {
-                self.raw.tick();
-                self.campaign_if_leader_gone();
+                self.core.tick();
                 next_tick += self.tick_every;
                 if next_tick < now {
                     // The thread was held up for several ticks: do not replay them in a burst.
                     next_tick = now + self.tick_every;
                 }
-                self.expire();
             }
-            if let Err(e) = self.on_ready() {
+            if let Err(e) = self.core.turn() {
                 error!(error = %e, "raft loop failed; stopping this member's raft");
                 break;
             }
-            if self.removed {
+            *self.shared.status.write() = self.core.status();
+            if self.core.removed() {
                 let marker = self.log_dir.join(REMOVED_MARKER);
                 if let Err(e) = std::fs::write(&marker, b"removed from the cluster\n") {
                     warn!(error = %e, path = %marker.display(), "cannot record the removal");
@@ -705,747 +531,128 @@ impl Driver {
                 error!("this member was removed from the cluster; stopping its raft");
                 break;
             }
-            if let Some(deadline) = self.stopping
-                && (self.raw.raft.state != StateRole::Leader || Instant::now() >= deadline)
-            {
-                if self.raw.raft.state == StateRole::Leader {
-                    warn!("leadership transfer did not finish in time; stopping anyway");
-                } else {
-                    info!(
-                        leader = format_args!("{:x}", self.raw.raft.leader_id),
-                        "handed leadership over; stopping"
-                    );
-                }
+            if self.core.stop_due() {
                 break;
             }
         }
-        for (_, reply) in self.pending.drain() {
-            let _ = reply.send(Err(StoreError::Stopped));
-        }
+        self.core.fail_pending(StoreError::Stopped);
         info!("raft thread stopped");
     }
+}
 
-    fn handle(&mut self, msg: NodeMsg) {
-        match msg {
-            NodeMsg::Received(received) => self.received(*received),
-            msg
-            @ (NodeMsg::Propose { .. } | NodeMsg::ReadIndex(_) | NodeMsg::Membership { .. })
-                if self.leader == 0 =>
-            {
-                // Held until a leader is known rather than refused at once: an election (or
-                // this member's start) takes about one election timeout.
-                self.leaderless.push((Instant::now(), msg));
-            }
-            NodeMsg::Propose { command, reply } => self.propose(command, reply),
-            NodeMsg::ReadIndex(reply) => self.read_waiters.push(reply),
-            NodeMsg::Membership { change, reply } => {
-                let proposal = self.next_proposal;
-                self.next_proposal += 1;
-                if self.raw.raft.state == StateRole::Leader {
-                    match self.propose_membership(self.id, proposal, change) {
-                        Ok(()) => {
-                            self.pending.insert(proposal, reply);
-                        }
-                        Err(e) => {
-                            let _ = reply.send(Err(e));
-                        }
-                    }
-                } else if self
-                    .transport
-                    .forward_membership(self.leader, proposal, change)
-                {
-                    self.pending.insert(proposal, reply);
-                } else {
-                    let _ = reply.send(Err(StoreError::NoLeader));
-                }
-            }
-            NodeMsg::RenewLease(id) => {
-                if self.leader != 0 && self.leader != self.id {
-                    self.renewals.push(id);
-                }
-            }
-            NodeMsg::Stop { .. } => {}
-        }
-    }
+/// The production host: the store, the segment-file log, the TCP transport, the real clock.
+struct ProdHost {
+    log: RaftLog,
+    store: Store,
+    transport: Transport,
+}
 
-    fn received(&mut self, received: Received) {
-        match received {
-            Received::Message(m) => {
-                if Some(m.from) == self.suspect {
-                    // It speaks: alive after all (a broken link, since mended).
-                    self.suspect = None;
-                }
-                let snapshot_file = (m.get_msg_type() == MessageType::MsgSnapshot).then(|| {
-                    std::path::PathBuf::from(
-                        String::from_utf8_lossy(&m.get_snapshot().data).into_owned(),
-                    )
-                });
-                // Messages from unknown members or stale terms are refused by raft-rs; that
-                // is routine, not an error worth more than debug.
-                if let Err(e) = self.raw.step(m) {
-                    tracing::debug!(error = %e, "raft refused a message");
-                }
-                if let Some(path) = snapshot_file {
-                    // A snapshot raft-rs did not take (stale, or not for a member of its
-                    // membership) will not be installed: its file goes now.
-                    let taken = self
-                        .raw
-                        .raft
-                        .raft_log
-                        .unstable_snapshot()
-                        .as_ref()
-                        .is_some_and(|snap| {
-                            snap.data.as_ref() == path.to_string_lossy().as_bytes()
-                        });
-                    if !taken {
-                        info!(path = %path.display(), "raft-rs passed over a snapshot; dropping it");
-                        let _ = std::fs::remove_file(&path);
-                    }
-                }
-            }
-            Received::LeaseRenewals(ids) => {
-                for id in ids {
-                    self.store.lease_renewed_elsewhere(id);
-                }
-            }
-            Received::PeerDown(peer) => {
-                if peer == self.leader && self.raw.raft.state != StateRole::Leader {
-                    info!(
-                        leader = format_args!("{peer:x}"),
-                        "the leader's connection closed; campaigning as soon as the others agree"
-                    );
-                    self.suspect = Some(peer);
-                }
-            }
-            Received::SnapshotSent { peer, ok } => {
-                let status = if ok {
-                    raft::SnapshotStatus::Finish
-                } else {
-                    raft::SnapshotStatus::Failure
-                };
-                self.raw.report_snapshot(peer, status);
-            }
-            Received::Membership {
-                from,
-                proposal,
-                change,
-            } => {
-                let result = if self.raw.raft.state == StateRole::Leader {
-                    self.propose_membership(from, proposal, change)
-                } else {
-                    Err(StoreError::LeaderChanged)
-                };
-                if let Err(e) = result {
-                    self.transport
-                        .refuse_membership(from, proposal, e.to_string());
-                }
-            }
-            Received::MembershipRefused { proposal, reason } => {
-                if let Some(reply) = self.pending.remove(&proposal) {
-                    let _ = reply.send(Err(membership_error(&reason)));
-                }
-            }
-        }
-    }
+impl Host for ProdHost {
+    type Storage = NodeStorage;
 
-    /// Validates a membership change as etcd's leader does and proposes it as a Raft
-    /// configuration change whose context names the member and proposal to answer.
-    fn propose_membership(
+    fn persist(
         &mut self,
-        origin: u64,
-        proposal: u64,
-        change: MembershipChange,
-    ) -> Result<(), StoreError> {
-        if self.raw.raft.has_pending_conf() {
-            return Err(StoreError::Unsupported(
-                "etcdserver: a membership change is already in progress; retry".into(),
-            ));
-        }
-        let conf = self.raw.raft.prs().conf().to_conf_state();
-        let members = self.store.members()?;
-        let me = self.id;
-        let prs = self.raw.raft.prs();
-        // Voters heard from within the last election timeout (check-quorum keeps this
-        // current), this leader included: etcd's "started" members.
-        let active = |except: u64| {
-            conf.voters
-                .iter()
-                .filter(|id| **id != except)
-                .filter(|id| **id == me || prs.get(**id).is_some_and(|p| p.recent_active))
-                .count()
-        };
-        let quorum = |voters: usize| voters / 2 + 1;
-        let (change_type, record) = match change {
-            MembershipChange::Add { peer_urls, learner } => {
-                if peer_urls.is_empty() {
-                    return Err(StoreError::MemberBadUrls);
-                }
-                for url in &peer_urls {
-                    let scheme_ok = url.starts_with("https://") == self.peer_https;
-                    if !scheme_ok || crate::config::peer_addr(url, "peer URL").is_err() {
-                        return Err(StoreError::MemberBadUrls);
-                    }
-                }
-                if members
-                    .iter()
-                    .any(|m| m.peer_urls.iter().any(|u| peer_urls.contains(u)))
-                {
-                    return Err(StoreError::PeerUrlExists);
-                }
-                if learner && conf.learners.len() >= LEARNERS_MAX {
-                    return Err(StoreError::TooManyLearners);
-                }
-                if !learner && active(0) < quorum(conf.voters.len() + 1) {
-                    return Err(StoreError::NotEnoughStarted);
-                }
-                let id = self.new_member_id(&peer_urls, &conf);
-                let change_type = if learner {
-                    ConfChangeType::AddLearnerNode
-                } else {
-                    ConfChangeType::AddNode
-                };
-                (
-                    change_type,
-                    MemberRecord {
-                        id,
-                        peer_urls,
-                        is_learner: learner,
-                        ..Default::default()
-                    },
-                )
-            }
-            MembershipChange::Promote { id } => {
-                if conf.voters.contains(&id) {
-                    return Err(StoreError::MemberNotLearner);
-                }
-                if !conf.learners.contains(&id) {
-                    return Err(StoreError::MemberNotFound);
-                }
-                let matched = prs.get(id).map_or(0, |p| p.matched);
-                let last = self.raw.raft.raft_log.last_index();
-                if matched * 100 < last * LEARNER_READY_PERCENT {
-                    return Err(StoreError::LearnerNotReady);
-                }
-                (
-                    ConfChangeType::AddNode,
-                    MemberRecord {
-                        id,
-                        ..Default::default()
-                    },
-                )
-            }
-            MembershipChange::Remove { id } => {
-                if !in_conf(&conf, id) {
-                    return Err(StoreError::MemberNotFound);
-                }
-                if conf.voters.contains(&id) && active(id) < quorum(conf.voters.len() - 1) {
-                    return Err(StoreError::NotEnoughStarted);
-                }
-                (
-                    ConfChangeType::RemoveNode,
-                    MemberRecord {
-                        id,
-                        ..Default::default()
-                    },
-                )
-            }
-        };
-        let mut single = ConfChangeSingle::default();
-        single.set_change_type(change_type);
-        single.node_id = record.id;
-        let mut cc = ConfChangeV2::default();
-        cc.mut_changes().push(single);
-        info!(
-            member = format_args!("{:x}", record.id),
-            change = ?change_type,
-            "proposing a membership change"
-        );
-        self.raw
-            .propose_conf_change(conf_change_context(origin, proposal, &record), cc)
-            .map_err(|e| match e {
-                raft::Error::ProposalDropped => StoreError::NoLeader,
-                other => StoreError::Storage(format!("raft: {other}")),
-            })
+        entries: &[Entry],
+        hard: Option<&HardState>,
+        sync: bool,
+    ) -> Result<(), RaftError> {
+        self.log.persist(entries, hard, sync)
     }
 
-    /// A fresh member id: from the peer URLs, the cluster and the time, as etcd's `member add`
-    /// does, so a member removed and added again at the same URL is a new member.
-    fn new_member_id(&self, peer_urls: &[String], conf: &ConfState) -> u64 {
-        let mut urls = peer_urls.to_vec();
-        urls.sort();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let mut salt = 0u64;
-        loop {
-            let token = format!("{:x}/{nanos}/{salt}", self.cluster_id);
-            let id = crate::config::member_id(&urls, &token);
-            if !in_conf(conf, id) && id != self.id {
-                return id;
-            }
-            salt += 1;
-        }
+    fn set_conf_state(&mut self, conf: &ConfState) -> Result<(), RaftError> {
+        self.log.set_conf_state(conf)
     }
 
-    /// Fast failover: the leader's process is gone (its connection closed), so rather than
-    /// wait out a randomized election timeout (1-2 s by default), stand for election at every
-    /// tick. Pre-vote keeps this harmless: the others refuse while they still hear from a
-    /// leader (their lease, one election timeout), so a live leader is never disturbed, and
-    /// once their lease lapses the first pre-vote wins.
-    fn campaign_if_leader_gone(&mut self) {
-        let Some(suspect) = self.suspect else {
-            return;
-        };
-        let leader = self.raw.raft.leader_id;
-        if (leader != 0 && leader != suspect) || self.raw.raft.state == StateRole::Leader {
-            self.suspect = None;
-            return;
-        }
-        if let Err(e) = self.raw.campaign() {
-            tracing::debug!(error = %e, "campaign refused");
-        }
+    fn log_first_index(&self) -> u64 {
+        self.log.first_index()
     }
 
-    /// Starts stopping. Returns true while the loop must go on (a leadership transfer is under
-    /// way), false to stop now.
-    fn begin_stop(&mut self, transfer: bool) -> bool {
-        if self.stopping.is_some() {
-            return true;
-        }
-        if !transfer || self.raw.raft.state != StateRole::Leader {
-            return false;
-        }
-        // The follower with the most of the log takes over soonest.
-        let me = self.id;
-        let best = self
-            .raw
-            .raft
-            .prs()
-            .iter()
-            .filter(|(id, _)| **id != me)
-            .max_by_key(|(_, progress)| progress.matched)
-            .map(|(id, _)| *id);
-        let Some(transferee) = best else {
-            return false;
-        };
-        info!(
-            to = format_args!("{transferee:x}"),
-            "stopping: handing leadership over"
-        );
-        self.raw.transfer_leader(transferee);
-        self.stopping = Some(Instant::now() + self.election);
-        true
+    fn compact_log(&mut self, index: u64) -> Result<(), RaftError> {
+        self.log.compact(index)
     }
 
-    fn propose(&mut self, command: Command, reply: Reply) {
-        let id = self.next_proposal;
-        self.next_proposal += 1;
-        let data = command.encode_to_vec();
-        match self.raw.propose(proposal_context(self.id, id), data) {
-            Ok(()) => {
-                self.pending.insert(id, reply);
-            }
-            Err(raft::Error::ProposalDropped) => {
-                let _ = reply.send(Err(StoreError::NoLeader));
-            }
-            Err(e) => {
-                let _ = reply.send(Err(StoreError::Storage(format!("raft: {e}"))));
-            }
-        }
-    }
-
-    /// One ReadIndex round for every reader that arrived since the last one.
-    fn start_read_round(&mut self) {
-        if self.read_waiters.is_empty() {
-            return;
-        }
-        let round = self.next_round;
-        self.next_round += 1;
-        let waiters = std::mem::take(&mut self.read_waiters);
-        // The leader keeps pending reads by context and ignores a context it already holds,
-        // so rounds of different members must never share one: the member id goes in too.
-        self.raw.read_index(proposal_context(self.id, round));
-        self.read_rounds.insert(round, (Instant::now(), waiters));
-    }
-
-    /// Answers rounds raft-rs dropped, and forgets proposals whose callers gave up.
-    fn expire(&mut self) {
-        let now = Instant::now();
-        self.read_rounds.retain(|_, (started, waiters)| {
-            if now.duration_since(*started) < READ_ROUND_TIMEOUT {
-                return true;
-            }
-            for w in waiters.drain(..) {
-                let _ = w.send(Err(StoreError::Timeout));
-            }
-            false
-        });
-        self.pending.retain(|_, reply| !reply.is_closed());
-        let wait = self.election * LEADERLESS_WAIT_ELECTIONS;
-        let (expired, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.leaderless)
-            .into_iter()
-            .partition(|(arrived, _)| now.duration_since(*arrived) >= wait);
-        self.leaderless = waiting;
-        for (_, msg) in expired {
-            match msg {
-                NodeMsg::Propose { reply, .. } => {
-                    let _ = reply.send(Err(StoreError::NoLeader));
-                }
-                NodeMsg::ReadIndex(reply) => {
-                    let _ = reply.send(Err(StoreError::NoLeader));
-                }
-                NodeMsg::Membership { reply, .. } => {
-                    let _ = reply.send(Err(StoreError::NoLeader));
-                }
-                _ => {}
-            }
-        }
-    }
-
-    fn send(&mut self, messages: Vec<Message>) {
-        if messages.is_empty() {
-            return;
-        }
-        for peer in self.transport.send(messages) {
-            self.raw.report_unreachable(peer);
-        }
-    }
-
-    fn observe_leadership(&mut self) {
-        let leader = self.raw.raft.leader_id;
-        let term = self.raw.raft.term;
-        let is_leader = self.raw.raft.state == StateRole::Leader;
-        if leader != self.leader || term != self.term {
-            if leader != self.leader {
-                info!(
-                    leader = format_args!("{leader:x}"),
-                    term,
-                    me = is_leader,
-                    "raft leader changed"
-                );
-            }
-            if term != self.term && self.term != 0 {
-                // Proposals made under the old term may have died with its leader; their
-                // callers hear so now instead of at their timeout (the entry may still be
-                // committed by the new leader: the outcome is unknown, as etcd says).
-                for (_, reply) in self.pending.drain() {
-                    let _ = reply.send(Err(StoreError::LeaderChanged));
-                }
-            }
-            self.leader = leader;
-            self.term = term;
-            self.store.set_leadership(is_leader, term);
-            if leader != 0 {
-                for (_, msg) in std::mem::take(&mut self.leaderless) {
-                    self.handle(msg);
-                }
-            }
-            if leader == 0 {
-                // Rounds started under the old leader will not be answered.
-                for (_, (_, waiters)) in self.read_rounds.drain() {
-                    for w in waiters {
-                        let _ = w.send(Err(StoreError::NoLeader));
-                    }
-                }
-            }
-        }
-        let mut status = self.shared.status.write();
-        status.leader = leader;
-        status.term = term;
-        status.commit_index = self.raw.raft.raft_log.committed;
-    }
-
-    fn on_ready(&mut self) -> Result<(), RaftError> {
-        if !self.raw.has_ready() {
-            self.observe_leadership();
-            return Ok(());
-        }
-        let mut rd = self.raw.ready();
-        self.send(rd.take_messages());
-        if !rd.snapshot().is_empty() {
-            self.install_snapshot(rd.snapshot().clone())?;
-        }
-        let committed = rd.take_committed_entries();
-        self.apply(committed)?;
-        self.log.persist(rd.entries(), rd.hs(), rd.must_sync())?;
-        self.send(rd.take_persisted_messages());
-        for state in rd.take_read_states() {
-            let Some((member, round)) = parse_context(&state.request_ctx) else {
-                continue;
-            };
-            if member != self.id {
-                continue;
-            }
-            if let Some((_, waiters)) = self.read_rounds.remove(&round) {
-                for w in waiters {
-                    let _ = w.send(Ok(state.index));
-                }
-            }
-        }
-        let mut light = self.raw.advance(rd);
-        self.send(light.take_messages());
-        let committed = light.take_committed_entries();
-        self.apply(committed)?;
-        self.raw.advance_apply();
-        self.observe_leadership();
-        self.maybe_compact()?;
-        Ok(())
-    }
-
-    /// Installs a snapshot from the leader: the store first (its data replaced and durable,
-    /// with the snapshot's index and term recorded), then the log (dropped up to the
-    /// snapshot, which becomes its floor). A crash in between is finished at the next start
-    /// from what the store recorded. Only this member's own loop waits meanwhile; the others
-    /// go on without it.
-    fn install_snapshot(&mut self, snap: Snapshot) -> Result<(), RaftError> {
+    /// The transport wrote the snapshot to a file and put its path in the message's data.
+    fn install_snapshot(&mut self, snap: &Snapshot) -> Result<(), RaftError> {
         let meta = snap.get_metadata();
-        let (index, term) = (meta.index, meta.term);
         let path = std::path::PathBuf::from(String::from_utf8_lossy(&snap.data).into_owned());
-        let started = Instant::now();
-        self.store.install_snapshot(&path, index, term)?;
+        self.store.install_snapshot(&path, meta.index, meta.term)?;
         self.log
-            .apply_snapshot(index, term, meta.get_conf_state())?;
+            .apply_snapshot(meta.index, meta.term, meta.get_conf_state())?;
         let _ = std::fs::remove_file(&path);
-        self.compacted_at = index;
-        self.sync_peers()?;
-        info!(
-            index,
-            term,
-            revision = self.store.revision(),
-            ms = started.elapsed().as_millis() as u64,
-            "installed a snapshot from the leader"
-        );
         Ok(())
     }
 
-    /// Points the transport at every member the store lists (after a snapshot replaced the
-    /// member list), and away from members no longer in it.
-    fn sync_peers(&mut self) -> Result<(), RaftError> {
-        let members = self.store.members()?;
-        for member in &members {
-            if let Some(url) = member.peer_urls.first()
-                && let Ok(addr) = crate::config::peer_addr(url, "member list")
-            {
-                self.transport.add_peer(member.id, addr);
-            }
-        }
-        for peer in self.transport.peer_ids() {
-            if !members.iter().any(|m| m.id == peer) {
-                self.transport.remove_peer(peer);
-            }
-        }
-        Ok(())
+    fn apply(&mut self, batch: Vec<Committed>) -> Result<(), RaftError> {
+        Ok(self.store.apply_committed(batch)?)
     }
 
-    /// Compacts the log once `snapshot_count` entries were applied since the last time,
-    /// keeping `catchup_entries` below the applied index for followers a little behind, and
-    /// never dropping an entry the store has not made durable (it would replay it after a
-    /// crash).
-    fn maybe_compact(&mut self) -> Result<(), RaftError> {
-        let applied = self.raw.raft.raft_log.applied;
-        if applied < self.compacted_at + self.snapshot_count {
-            return Ok(());
-        }
-        let floor = applied
-            .saturating_sub(self.catchup_entries)
-            .min(self.store.durable_applied_index());
-        if floor < self.log.first_index() {
-            // The store's durable point lags; try again after its next checkpoint.
-            return Ok(());
-        }
-        let before = self.log.first_index();
-        self.log.compact(floor + 1)?;
-        self.compacted_at = applied;
-        info!(
-            applied,
-            dropped = floor + 1 - before,
-            first_index = self.log.first_index(),
-            "compacted the raft log"
-        );
-        Ok(())
+    fn members(&self) -> Result<Vec<MemberRecord>, RaftError> {
+        Ok(self.store.members()?)
     }
 
-    /// Hands committed entries to the store in order, with the replies of this member's
-    /// clients; applies membership changes to raft-rs.
-    fn apply(&mut self, entries: Vec<Entry>) -> Result<(), RaftError> {
-        if entries.is_empty() {
-            return Ok(());
-        }
-        let mut batch = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let index = entry.index;
-            match entry.entry_type {
-                EntryType::EntryNormal => {
-                    if entry.data.is_empty() {
-                        batch.push(Committed {
-                            index,
-                            command: None,
-                            reply: None,
-                        });
-                        continue;
-                    }
-                    let reply = match parse_context(&entry.context) {
-                        Some((member, proposal)) if member == self.id => {
-                            self.pending.remove(&proposal)
-                        }
-                        _ => None,
-                    };
-                    let command = match Command::decode(entry.data.as_ref()) {
-                        // Membership reaches the store only from configuration entries.
-                        Ok(Command {
-                            command: Some(Cmd::Membership(_)),
-                        }) => {
-                            warn!(index, "a normal log entry carries a membership command");
-                            None
-                        }
-                        Ok(command) => Some(command),
-                        Err(e) => {
-                            // Every member refuses the same bytes the same way, so the
-                            // stores stay equal; the entry only takes its index.
-                            warn!(index, error = %e, "log entry is not a command");
-                            None
-                        }
-                    };
-                    batch.push(Committed {
-                        index,
-                        command,
-                        reply,
-                    });
-                }
-                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => {
-                    let (command, reply) = self.apply_conf_change(&entry)?;
-                    batch.push(Committed {
-                        index,
-                        command,
-                        reply,
-                    });
-                }
-            }
-        }
-        self.store.apply_committed(batch)?;
-        Ok(())
+    fn durable_applied_index(&self) -> u64 {
+        self.store.durable_applied_index()
     }
 
-    /// Applies a membership change entry (either encoding) to raft-rs, persists the resulting
-    /// membership, points the transport at a new member, and returns the store's command for
-    /// it (the membership and the member's record, applied with the entry's index) with the
-    /// reply of this member's client that asked for it.
-    fn apply_conf_change(
-        &mut self,
-        entry: &Entry,
-    ) -> Result<(Option<Command>, Option<Reply>), RaftError> {
-        let corrupt = |e: protobuf::ProtobufError| {
-            RaftError::Corrupt(format!("conf change {}: {e}", entry.index))
-        };
-        let cc: ConfChangeV2 = if entry.get_entry_type() == EntryType::EntryConfChange {
-            let mut v1 = ConfChange::parse_from_bytes(&entry.data).map_err(corrupt)?;
-            // A v1 change carries its context inside; move it out so both read alike.
-            let context = v1.take_context();
-            let mut v2 = raft_proto::ConfChangeI::into_v2(v1);
-            v2.context = context;
-            v2
-        } else {
-            ConfChangeV2::parse_from_bytes(&entry.data).map_err(corrupt)?
-        };
-        let context = if cc.context.is_empty() {
-            entry.context.as_ref()
-        } else {
-            cc.context.as_ref()
-        };
-        let parsed = parse_conf_change_context(context);
-        let conf = self
-            .raw
-            .apply_conf_change(&cc)
-            .map_err(|e| RaftError::Raft(e.to_string()))?;
-        self.log.set_conf_state(&conf)?;
-        let mut membership = Membership {
-            conf_state: conf
-                .write_to_bytes()
-                .map_err(|e| RaftError::Raft(format!("encode: {e}")))?
-                .into(),
+    fn set_leadership(&mut self, leader: bool, term: u64) {
+        self.store.set_leadership(leader, term);
+    }
+
+    fn lease_renewed_elsewhere(&mut self, id: i64) {
+        self.store.lease_renewed_elsewhere(id);
+    }
+
+    fn send(&mut self, messages: Vec<Message>) -> Vec<u64> {
+        self.transport.send(messages)
+    }
+
+    fn add_peer(&mut self, id: u64, peer_url: &str) {
+        match crate::config::peer_addr(peer_url, "member list") {
+            Ok(addr) => self.transport.add_peer(id, addr),
+            Err(e) => warn!(member = format_args!("{id:x}"), error = %e, "cannot reach member"),
+        }
+    }
+
+    fn remove_peer(&mut self, id: u64) {
+        self.transport.remove_peer(id);
+    }
+
+    fn peer_ids(&self) -> Vec<u64> {
+        self.transport.peer_ids()
+    }
+
+    fn forward_membership(&mut self, leader: u64, proposal: u64, change: MembershipChange) -> bool {
+        self.transport.forward_membership(leader, proposal, change)
+    }
+
+    fn refuse_membership(&mut self, peer: u64, proposal: u64, reason: String) {
+        self.transport.refuse_membership(peer, proposal, reason);
+    }
+
+    fn send_lease_renewals(&mut self, leader: u64, ids: Vec<i64>) {
+        self.transport.send_lease_renewals(leader, ids);
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// Writes a new cluster's first entries (see [`bootstrap_entries`]) and membership.
+fn bootstrap(log: &RaftLog, cluster: &ClusterConfig) -> Result<(), RaftError> {
+    let records: Vec<MemberRecord> = cluster
+        .members
+        .values()
+        .map(|m| MemberRecord {
+            id: m.id,
+            name: m.name.clone(),
+            peer_urls: m.peer_urls.clone(),
             ..Default::default()
-        };
-        for change in cc.get_changes() {
-            let id = change.node_id;
-            match change.get_change_type() {
-                ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
-                    let mut record = match &parsed {
-                        Some((_, record)) if record.id == id => record.clone(),
-                        _ => MemberRecord {
-                            id,
-                            ..Default::default()
-                        },
-                    };
-                    record.is_learner = change.get_change_type() == ConfChangeType::AddLearnerNode;
-                    if let Some(url) = record.peer_urls.first()
-                        && let Ok(addr) = crate::config::peer_addr(url, "member add")
-                    {
-                        self.transport.add_peer(id, addr);
-                    }
-                    info!(
-                        member = format_args!("{id:x}"),
-                        learner = record.is_learner,
-                        index = entry.index,
-                        "membership: member added"
-                    );
-                    membership.upsert.push(record);
-                }
-                ConfChangeType::RemoveNode => {
-                    info!(
-                        member = format_args!("{id:x}"),
-                        index = entry.index,
-                        "membership: member removed"
-                    );
-                    membership.removed.push(id);
-                    if id == self.id {
-                        self.removed = true;
-                    } else {
-                        self.transport.remove_peer(id);
-                    }
-                }
-            }
-        }
-        let reply = match parsed {
-            Some(((member, proposal), _)) if member == self.id && proposal != 0 => {
-                self.pending.remove(&proposal)
-            }
-            _ => None,
-        };
-        let command = Command {
-            command: Some(Cmd::Membership(membership)),
-        };
-        Ok((Some(command), reply))
-    }
-}
-
-/// The store error a leader's refusal text stands for (the texts are etcd's, one per error).
-fn membership_error(reason: &str) -> StoreError {
-    [
-        StoreError::MemberNotFound,
-        StoreError::PeerUrlExists,
-        StoreError::MemberBadUrls,
-        StoreError::NotEnoughStarted,
-        StoreError::MemberNotLearner,
-        StoreError::LearnerNotReady,
-        StoreError::TooManyLearners,
-        StoreError::NoLeader,
-        StoreError::LeaderChanged,
-    ]
-    .into_iter()
-    .find(|e| e.to_string() == reason)
-    .unwrap_or_else(|| StoreError::Unsupported(reason.to_string()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn proposal_contexts_round_trip_and_foreign_ones_are_ignored() {
-        assert_eq!(
-            parse_context(&proposal_context(0xabc, 42)),
-            Some((0xabc, 42))
-        );
-        assert_eq!(parse_context(b"short"), None);
-    }
+        })
+        .collect();
+    let (entries, hard, conf) = bootstrap_entries(&records)?;
+    log.persist(&entries, Some(&hard), true)?;
+    log.set_conf_state(&conf)?;
+    info!(members = conf.voters.len(), "bootstrapped a new cluster");
+    Ok(())
 }
