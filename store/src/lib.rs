@@ -10,6 +10,8 @@
 //! - [`watch`]: the watch hub (synced / unsynced watchers, progress notifications).
 //! - [`lease`]: the lessor.
 //! - [`snapshot`]: snapshot stream format, restore, and install into a cluster member.
+//! - [`sync_store`]: the same state machine without threads, files or clocks, over redb in
+//!   memory, for the Raft layer's deterministic simulation.
 //! - [`grpc`]: the tonic services for KV, Watch, Lease, Maintenance and Cluster.
 //! - [`pb`]: the generated wire types.
 //!
@@ -32,6 +34,7 @@ pub mod replication;
 pub mod rev;
 pub mod snapshot;
 pub mod store;
+pub mod sync_store;
 pub mod validate;
 pub mod wal;
 pub mod watch;

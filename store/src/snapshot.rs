@@ -265,21 +265,18 @@ fn open_file(path: &Path) -> Result<std::fs::File, StoreError> {
         .map_err(|e| StoreError::DataDir(format!("cannot open snapshot {}: {e}", path.display())))
 }
 
-/// Reads the header of the snapshot `file` (at `path`): the reader then stands at the first
-/// record. The digest is not checked here: call [`verify`] first.
-fn read_header(
-    file: std::fs::File,
-    path: &Path,
-) -> Result<RecordReader<std::io::BufReader<std::fs::File>>, StoreError> {
-    let mut r = RecordReader {
-        inner: std::io::BufReader::new(file),
-    };
+/// Reads the header of the snapshot `inner` (named `name` in errors): the reader then stands
+/// at the first record. The digest is not checked here: call [`verify`] first.
+fn read_header<R: Read>(
+    inner: R,
+    name: &dyn std::fmt::Display,
+) -> Result<RecordReader<R>, StoreError> {
+    let mut r = RecordReader { inner };
     let mut magic = [0u8; 16];
     r.exact(&mut magic)?;
     if &magic != SNAPSHOT_MAGIC {
         return Err(StoreError::DataDir(format!(
-            "{} is not a skerry snapshot",
-            path.display()
+            "{name} is not a skerry snapshot"
         )));
     }
     let mut version = [0u8; 4];
@@ -307,7 +304,7 @@ pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
     }
     verify(snapshot)?;
     std::fs::create_dir_all(data_dir)?;
-    let mut r = read_header(file, snapshot)?;
+    let mut r = read_header(std::io::BufReader::new(file), &snapshot.display())?;
     let tmp_path = data_dir.join(".restore.redb.tmp");
     let _ = std::fs::remove_file(&tmp_path);
     let db = redb::Database::create(&tmp_path)?;
@@ -363,7 +360,57 @@ pub(crate) fn install(
 ) -> Result<i64, StoreError> {
     let file = open_file(path)?;
     verify(path)?;
-    let mut r = read_header(file, path)?;
+    let records = read_header(std::io::BufReader::new(file), &path.display())?;
+    let revision = replace(txn, records, index)?;
+    record_installed(txn, index, term)?;
+    Ok(revision)
+}
+
+/// [`install`] from a snapshot held in memory (the deterministic simulation's
+/// [`crate::sync_store::SyncStore`], which has no files).
+pub(crate) fn install_bytes(
+    txn: &WriteTransaction,
+    snapshot: &[u8],
+    index: u64,
+    term: u64,
+) -> Result<i64, StoreError> {
+    verify_stream(&mut &snapshot[..], snapshot.len() as u64)?;
+    let records = read_header(snapshot, &"the snapshot")?;
+    let revision = replace(txn, records, index)?;
+    record_installed(txn, index, term)?;
+    Ok(revision)
+}
+
+/// Rebuilds a member's tables from an image of its own store: a snapshot of it plus the
+/// applied index it was taken at, as [`install`] does but without recording an installed
+/// snapshot (the image's own raft records say whether there was one). What a power loss
+/// leaves of [`crate::sync_store::SyncStore`] is rebuilt this way.
+pub(crate) fn restore_image(
+    txn: &WriteTransaction,
+    image: &[u8],
+    applied_index: u64,
+) -> Result<i64, StoreError> {
+    verify_stream(&mut &image[..], image.len() as u64)?;
+    let records = read_header(image, &"the store image")?;
+    replace(txn, records, applied_index)
+}
+
+/// Records `(index, term)` as the last snapshot installed, in the `raft` table.
+fn record_installed(txn: &WriteTransaction, index: u64, term: u64) -> Result<(), StoreError> {
+    let mut raft = txn.open_table(RAFT)?;
+    raft.insert(RAFT_SNAPSHOT_INDEX, index.to_be_bytes().as_slice())?;
+    raft.insert(RAFT_SNAPSHOT_TERM, term.to_be_bytes().as_slice())?;
+    Ok(())
+}
+
+/// The table replacement of [`install`]: everything but the member's identity becomes what
+/// the records `r` hold, and the applied index becomes `applied_index`. Returns the
+/// snapshot's revision.
+fn replace<R: Read>(
+    txn: &WriteTransaction,
+    mut r: RecordReader<R>,
+    applied_index: u64,
+) -> Result<i64, StoreError> {
     let mut identity = Vec::new();
     {
         let meta = txn.open_table(META)?;
@@ -423,9 +470,7 @@ pub(crate) fn install(
     }
     let revision =
         revision.ok_or_else(|| StoreError::DataDir("snapshot records no revision".into()))?;
-    meta.insert(META_APPLIED_INDEX, index)?;
-    raft.insert(RAFT_SNAPSHOT_INDEX, index.to_be_bytes().as_slice())?;
-    raft.insert(RAFT_SNAPSHOT_TERM, term.to_be_bytes().as_slice())?;
+    meta.insert(META_APPLIED_INDEX, applied_index)?;
     Ok(revision)
 }
 
@@ -443,6 +488,11 @@ fn clear<K: redb::Key + 'static, V: redb::Value + 'static>(
 pub fn verify(snapshot: &Path) -> Result<(), StoreError> {
     let mut file = std::fs::File::open(snapshot)?;
     let len = file.metadata()?.len();
+    verify_stream(&mut file, len)
+}
+
+/// [`verify`] over the `len` bytes `snapshot` yields.
+fn verify_stream(snapshot: &mut impl Read, len: u64) -> Result<(), StoreError> {
     if len < BODY_ALIGN_BYTES + DIGEST_BYTES as u64 || len % BODY_ALIGN_BYTES != DIGEST_BYTES as u64
     {
         return Err(StoreError::DataDir(format!(
@@ -451,10 +501,10 @@ pub fn verify(snapshot: &Path) -> Result<(), StoreError> {
     }
     let mut hasher = Sha256::new();
     let body = len - DIGEST_BYTES as u64;
-    let mut reader = (&mut file).take(body);
+    let mut reader = snapshot.by_ref().take(body);
     std::io::copy(&mut reader, &mut hasher)?;
     let mut digest = [0u8; DIGEST_BYTES];
-    file.read_exact(&mut digest)?;
+    snapshot.read_exact(&mut digest)?;
     if hasher.finalize()[..] != digest[..] {
         return Err(StoreError::DataDir(
             "snapshot digest does not match its contents".into(),

@@ -323,12 +323,9 @@ impl Store {
             cluster_id,
             member_id,
         } = load(&db, config.identity)?;
-        let mvcc = Mvcc {
-            index: RwLock::new(loaded.index),
-            current_rev: loaded.revision.into(),
-            compact_rev: loaded.compact_revision.into(),
-            lessor: Mutex::new(loaded.lessor),
-        };
+        let mut cursor = loaded.cursor();
+        let compact_finished = loaded.compact_finished;
+        let mvcc = loaded.into_mvcc();
         let (wal, records) = if config.replicated {
             // The replicated log replays what redb lost; a log of our own would be a second
             // fsync per write.
@@ -336,15 +333,10 @@ impl Store {
         } else {
             let (wal, records) = Wal::open(
                 &config.data_dir.join(WAL_DIR_NAME),
-                loaded.applied_index,
+                cursor.applied_index,
                 config.wal_segment_bytes,
             )?;
             (Some(wal), records)
-        };
-        let mut cursor = ApplyCursor {
-            applied_index: loaded.applied_index,
-            rev: loaded.revision,
-            floor: loaded.compact_revision,
         };
         let replayed = records.len();
         replay(&db, &mvcc, records, &mut cursor)?;
@@ -393,7 +385,7 @@ impl Store {
             last_checkpoint: Instant::now(),
             encoded: Vec::new(),
         };
-        if loaded.compact_finished < compact_revision {
+        if compact_finished < compact_revision {
             writer.compaction = Some(CompactionJob {
                 at: compact_revision,
                 cursor: None,
@@ -677,21 +669,7 @@ impl Store {
     pub fn history(&self, from: i64, through: i64) -> Result<Vec<Event>, StoreError> {
         self.read_consistent(|| {
             let txn = self.shared.db.read().begin_read()?;
-            let compacted = self.shared.mvcc.compact_rev();
-            if from < compacted {
-                return Err(StoreError::Compacted {
-                    compact_revision: compacted,
-                });
-            }
-            let table = txn.open_table(KV)?;
-            read_events(
-                &table,
-                &self.shared.mvcc.index,
-                compacted,
-                from,
-                through,
-                true,
-            )
+            read_history(&txn, &self.shared.mvcc, from, through)
         })
     }
 
@@ -699,24 +677,7 @@ impl Store {
     /// applied index, revision and `ConfState` it holds. Writes go on meanwhile; the pinned
     /// view does not move. See [`PinnedSnapshot`] for what holding it costs.
     pub fn pin_snapshot(&self) -> Result<PinnedSnapshot, StoreError> {
-        let txn = self.shared.db.read().begin_read()?;
-        let (applied_index, revision) = {
-            let meta = txn.open_table(META)?;
-            let get = |key: &str| -> Result<u64, StoreError> {
-                Ok(meta.get(key)?.map(|g| g.value()).unwrap_or(0))
-            };
-            let revision = get(META_REVISION)?;
-            let revision = i64::try_from(revision)
-                .map_err(|_| StoreError::Storage(format!("revision {revision} out of range")))?;
-            (get(META_APPLIED_INDEX)?, revision)
-        };
-        let conf_state = raft_record(&txn, RAFT_CONF_STATE)?;
-        Ok(PinnedSnapshot {
-            applied_index,
-            revision,
-            conf_state,
-            txn,
-        })
+        pin(&self.shared.db.read())
     }
 
     /// Replaces this member's whole store with the snapshot file at `path`, which holds the
@@ -760,16 +721,7 @@ impl Store {
     /// store records them in the install's own transaction, so after a crash between the
     /// store's install and the log's own update they tell the log where the store stands.
     pub fn installed_snapshot(&self) -> Result<Option<(u64, u64)>, StoreError> {
-        let txn = self.shared.db.read().begin_read()?;
-        let index = raft_record(&txn, RAFT_SNAPSHOT_INDEX)?;
-        let term = raft_record(&txn, RAFT_SNAPSHOT_TERM)?;
-        match (index, term) {
-            (Some(index), Some(term)) => Ok(Some((be_u64(&index)?, be_u64(&term)?))),
-            (None, None) => Ok(None),
-            _ => Err(StoreError::Storage(
-                "installed snapshot has an index or a term, not both".into(),
-            )),
-        }
+        read_installed_snapshot(&self.shared.db.read().begin_read()?)
     }
 
     /// raft-rs's encoded `ConfState` as of the last applied membership change (or installed
@@ -908,17 +860,7 @@ impl Store {
     /// The cluster's members as the log recorded them (membership changes, and the
     /// attributes members published), sorted by id.
     pub fn members(&self) -> Result<Vec<Member>, StoreError> {
-        let txn = self.shared.db.read().begin_read()?;
-        let Some(table) = mvcc::open_if_exists(&txn, MEMBERS)? else {
-            return Ok(Vec::new());
-        };
-        // Rows are keyed by id, so the scan is in id order.
-        let mut out = Vec::new();
-        for row in table.iter()? {
-            let (_, value) = row?;
-            out.push(Member::decode(value.value())?);
-        }
-        Ok(out)
+        read_members(&self.shared.db.read().begin_read()?)
     }
 
     /// Whether this store is a member of a replicated cluster.
@@ -1006,12 +948,67 @@ impl std::fmt::Debug for PinnedSnapshot {
     }
 }
 
+/// Pins `db` as it is now for a Raft snapshot (see [`Store::pin_snapshot`]).
+pub(crate) fn pin(db: &Database) -> Result<PinnedSnapshot, StoreError> {
+    let txn = db.begin_read()?;
+    let (applied_index, revision) = {
+        let meta = txn.open_table(META)?;
+        let get = |key: &str| -> Result<u64, StoreError> {
+            Ok(meta.get(key)?.map(|g| g.value()).unwrap_or(0))
+        };
+        let revision = get(META_REVISION)?;
+        let revision = i64::try_from(revision)
+            .map_err(|_| StoreError::Storage(format!("revision {revision} out of range")))?;
+        (get(META_APPLIED_INDEX)?, revision)
+    };
+    let conf_state = raft_record(&txn, RAFT_CONF_STATE)?;
+    Ok(PinnedSnapshot {
+        applied_index,
+        revision,
+        conf_state,
+        txn,
+    })
+}
+
 /// One record of the `raft` table as `txn` sees it.
-fn raft_record(txn: &ReadTransaction, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+pub(crate) fn raft_record(
+    txn: &ReadTransaction,
+    name: &str,
+) -> Result<Option<Vec<u8>>, StoreError> {
     let Some(table) = mvcc::open_if_exists(txn, RAFT)? else {
         return Ok(None);
     };
     Ok(table.get(name)?.map(|g| g.value().to_vec()))
+}
+
+/// The `(index, term)` of the last installed snapshot as `txn` sees it (see
+/// [`Store::installed_snapshot`]).
+pub(crate) fn read_installed_snapshot(
+    txn: &ReadTransaction,
+) -> Result<Option<(u64, u64)>, StoreError> {
+    let index = raft_record(txn, RAFT_SNAPSHOT_INDEX)?;
+    let term = raft_record(txn, RAFT_SNAPSHOT_TERM)?;
+    match (index, term) {
+        (Some(index), Some(term)) => Ok(Some((be_u64(&index)?, be_u64(&term)?))),
+        (None, None) => Ok(None),
+        _ => Err(StoreError::Storage(
+            "installed snapshot has an index or a term, not both".into(),
+        )),
+    }
+}
+
+/// The members table as `txn` sees it, in id order (see [`Store::members`]).
+pub(crate) fn read_members(txn: &ReadTransaction) -> Result<Vec<Member>, StoreError> {
+    let Some(table) = mvcc::open_if_exists(txn, MEMBERS)? else {
+        return Ok(Vec::new());
+    };
+    // Rows are keyed by id, so the scan is in id order.
+    let mut out = Vec::new();
+    for row in table.iter()? {
+        let (_, value) = row?;
+        out.push(Member::decode(value.value())?);
+    }
+    Ok(out)
 }
 
 fn be_u64(bytes: &[u8]) -> Result<u64, StoreError> {
@@ -1087,24 +1084,45 @@ fn open_database(dir: &Path) -> Result<Database, StoreError> {
 }
 
 /// The in-memory state rebuilt from the tables: at open, and after a snapshot install.
-struct State {
-    index: KeyIndex,
-    lessor: Lessor,
-    revision: i64,
-    compact_revision: i64,
-    compact_finished: i64,
-    applied_index: u64,
+pub(crate) struct State {
+    pub(crate) index: KeyIndex,
+    pub(crate) lessor: Lessor,
+    pub(crate) revision: i64,
+    pub(crate) compact_revision: i64,
+    pub(crate) compact_finished: i64,
+    pub(crate) applied_index: u64,
+}
+
+impl State {
+    /// Where applying stands in this state.
+    pub(crate) fn cursor(&self) -> ApplyCursor {
+        ApplyCursor {
+            applied_index: self.applied_index,
+            rev: self.revision,
+            floor: self.compact_revision,
+        }
+    }
+
+    /// The readers' shared view of this state, published at its revision and floor.
+    pub(crate) fn into_mvcc(self) -> Mvcc {
+        Mvcc {
+            index: RwLock::new(self.index),
+            current_rev: self.revision.into(),
+            compact_rev: self.compact_revision.into(),
+            lessor: Mutex::new(self.lessor),
+        }
+    }
 }
 
 /// What opening a store reads: its state and who it is.
-struct Loaded {
-    state: State,
-    cluster_id: u64,
-    member_id: u64,
+pub(crate) struct Loaded {
+    pub(crate) state: State,
+    pub(crate) cluster_id: u64,
+    pub(crate) member_id: u64,
 }
 
 /// Creates the tables of a new store, or checks and loads an existing one.
-fn load(db: &Database, identity: Option<(u64, u64)>) -> Result<Loaded, StoreError> {
+pub(crate) fn load(db: &Database, identity: Option<(u64, u64)>) -> Result<Loaded, StoreError> {
     prepare(db, identity)?;
     let txn = db.begin_read()?;
     let meta = txn.open_table(META)?;
@@ -1244,13 +1262,32 @@ fn read_state(
     })
 }
 
+/// The history of revisions `from..=through` as `txn` sees it, as watch events with `prev_kv`
+/// (see [`Store::history`]); compacted when `from` is below the compaction floor. `txn` must
+/// have begun before the floor is read here, so that no row at or above it is gone.
+pub(crate) fn read_history(
+    txn: &ReadTransaction,
+    mvcc: &Mvcc,
+    from: i64,
+    through: i64,
+) -> Result<Vec<Event>, StoreError> {
+    let compacted = mvcc.compact_rev();
+    if from < compacted {
+        return Err(StoreError::Compacted {
+            compact_revision: compacted,
+        });
+    }
+    let table = txn.open_table(KV)?;
+    read_events(&table, &mvcc.index, compacted, from, through, true)
+}
+
 /// Reads rows of revisions `from..=through` as watch events, with `prev_kv` when asked.
 ///
 /// An event's `prev_kv` is the key as it was at the revision before the event (etcd 3.4 reads
 /// it at `mod_revision - 1`); like etcd's, it is left out when that
 /// revision is below the compaction floor `compacted`, whether or not physical compaction has
 /// reached the row yet, so the answer does not depend on timing.
-fn read_events<T: ReadableTable<(u64, u64), &'static [u8]>>(
+pub(crate) fn read_events<T: ReadableTable<(u64, u64), &'static [u8]>>(
     table: &T,
     index: &RwLock<KeyIndex>,
     compacted: i64,
@@ -1299,18 +1336,18 @@ fn read_events<T: ReadableTable<(u64, u64), &'static [u8]>>(
 /// Where applying stands: the last applied command, the last revision, the compaction floor.
 /// The writer's moves while a batch is applied and equals what is published between batches.
 #[derive(Debug, Clone, Copy)]
-struct ApplyCursor {
-    applied_index: u64,
-    rev: i64,
-    floor: i64,
+pub(crate) struct ApplyCursor {
+    pub(crate) applied_index: u64,
+    pub(crate) rev: i64,
+    pub(crate) floor: i64,
 }
 
 /// What applying a batch of commands produced.
-struct Applied {
-    results: Vec<Result<CommandResult, StoreError>>,
-    events: Vec<Event>,
+pub(crate) struct Applied {
+    pub(crate) results: Vec<Result<CommandResult, StoreError>>,
+    pub(crate) events: Vec<Event>,
     /// The compaction revision a command of the batch moved the floor to.
-    new_compaction: Option<i64>,
+    pub(crate) new_compaction: Option<i64>,
 }
 
 /// Applies `commands` in order inside `txn`, numbering them from `applied_index + 1`, and
@@ -1319,7 +1356,7 @@ struct Applied {
 ///
 /// Fails only when a command failed after writing (see [`Apply::poisoned`]): the transaction
 /// must then be dropped, and memory (index, lessor) is ahead of disk until a restart.
-fn apply_commands<'c>(
+pub(crate) fn apply_commands<'c>(
     mvcc: &Mvcc,
     txn: &WriteTransaction,
     cursor: &mut ApplyCursor,
@@ -1413,6 +1450,27 @@ fn apply_commands<'c>(
     })
 }
 
+/// Checks that the entries of a batch (their log indexes; `None` for a command a single store
+/// numbers itself) follow `applied_index` with no gap. Entries already applied must have been
+/// dropped first.
+pub(crate) fn check_entry_order(
+    applied_index: u64,
+    indexes: impl Iterator<Item = Option<u64>>,
+) -> Result<(), StoreError> {
+    let first_index = applied_index + 1;
+    for (offset, index) in indexes.enumerate() {
+        let due = first_index + offset as u64;
+        if let Some(index) = index
+            && index != due
+        {
+            return Err(StoreError::Storage(format!(
+                "log entry {index} arrived where entry {due} was due"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Applies the log's records that redb lost in a crash (those after its applied index), in
 /// batches as the writer would, and commits the result durably.
 fn replay(
@@ -1458,6 +1516,47 @@ fn replay(
         "replayed the write-ahead log"
     );
     Ok(())
+}
+
+/// The first half of a snapshot install (see [`Store::install_snapshot`]), before the commit:
+/// refuses a snapshot at a log `index` behind `applied_index`, begins a durable write
+/// transaction, lets `write` replace the tables in it (returning the snapshot's revision) and
+/// rebuilds the in-memory state from it. The caller commits and swaps that state in; dropping
+/// the transaction instead leaves the store as it was.
+///
+/// # Panics
+/// If the tables `write` left disagree with `index` or with the revision it returned.
+pub(crate) fn stage_install(
+    db: &Database,
+    applied_index: u64,
+    index: u64,
+    write: impl FnOnce(&WriteTransaction) -> Result<i64, StoreError>,
+) -> Result<(WriteTransaction, State), StoreError> {
+    if index < applied_index {
+        return Err(StoreError::Storage(format!(
+            "snapshot at log index {index} is behind applied index {applied_index}"
+        )));
+    }
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::Immediate)
+        .map_err(StoreError::storage)?;
+    let snapshot_revision = write(&txn)?;
+    let state = read_state(
+        &txn.open_table(META)?,
+        &txn.open_table(KV)?,
+        &txn.open_table(LEASES)?,
+    )?;
+    assert_eq!(
+        state.applied_index, index,
+        "install wrote applied index {} for snapshot index {index}",
+        state.applied_index
+    );
+    assert_eq!(
+        state.revision, snapshot_revision,
+        "install wrote revision {} for a snapshot at revision {snapshot_revision}",
+        state.revision
+    );
+    Ok((txn, state))
 }
 
 /// An install's critical section for readers: the install generation is odd from
@@ -1646,16 +1745,10 @@ impl Writer {
             return Ok(());
         };
         let first_index = self.cursor.applied_index + 1;
-        for (offset, pending) in commands.iter().enumerate() {
-            if let Some(index) = pending.index
-                && index != first_index + offset as u64
-            {
-                return Err(StoreError::Storage(format!(
-                    "log entry {index} arrived where entry {} was due",
-                    first_index + offset as u64
-                )));
-            }
-        }
+        check_entry_order(
+            self.cursor.applied_index,
+            commands.iter().map(|pending| pending.index),
+        )?;
         let _ = first;
         let db = self.shared.db.read();
         let mut txn = db.begin_write()?;
@@ -1739,32 +1832,10 @@ impl Writer {
     /// index write lock is held only for the commit and the swap; readers that overlap that
     /// window see the install generation move and read again.
     fn install_snapshot(&mut self, path: &Path, index: u64, term: u64) -> Result<(), StoreError> {
-        if index < self.cursor.applied_index {
-            return Err(StoreError::Storage(format!(
-                "snapshot at log index {index} is behind applied index {}",
-                self.cursor.applied_index
-            )));
-        }
         let db = self.shared.db.read();
-        let mut txn = db.begin_write()?;
-        txn.set_durability(Durability::Immediate)
-            .map_err(StoreError::storage)?;
-        let snapshot_revision = crate::snapshot::install(&txn, path, index, term)?;
-        let state = read_state(
-            &txn.open_table(META)?,
-            &txn.open_table(KV)?,
-            &txn.open_table(LEASES)?,
-        )?;
-        assert_eq!(
-            state.applied_index, index,
-            "install wrote applied index {} for snapshot index {index}",
-            state.applied_index
-        );
-        assert_eq!(
-            state.revision, snapshot_revision,
-            "install wrote revision {} for a snapshot at revision {snapshot_revision}",
-            state.revision
-        );
+        let (txn, state) = stage_install(&db, self.cursor.applied_index, index, |txn| {
+            crate::snapshot::install(txn, path, index, term)
+        })?;
         let State {
             index: key_index,
             lessor,
@@ -1868,38 +1939,10 @@ impl Writer {
             return Ok(());
         };
         let at = job.at;
-        let keys = self
-            .shared
-            .mvcc
-            .index
-            .read()
-            .keys_after(job.cursor.as_ref(), COMPACTION_BATCH_KEYS);
         let db = self.shared.db.read();
-        let mut txn = db.begin_write()?;
-        txn.set_durability(Durability::None)
-            .map_err(StoreError::storage)?;
-        let done = keys.is_empty();
-        {
-            let mut table = txn.open_table(KV)?;
-            if done {
-                let mut meta = txn.open_table(META)?;
-                meta.insert(META_COMPACT_FINISHED, at as u64)?;
-            } else {
-                let mut removed = Vec::new();
-                {
-                    let mut index = self.shared.mvcc.index.write();
-                    for key in &keys {
-                        index.compact_key(key, at, &mut removed);
-                    }
-                }
-                for rev in removed {
-                    table.remove(rev.to_row_key())?;
-                }
-            }
-        }
-        txn.commit()?;
+        let last = compaction_step(&db, &self.shared.mvcc, at, job.cursor.as_ref())?;
         drop(db);
-        if done {
+        if last.is_none() {
             info!(revision = at, "finished compaction");
             self.compaction = None;
             let (ready, waiting): (Vec<_>, Vec<_>) = self
@@ -1912,7 +1955,7 @@ impl Writer {
                 let _ = reply.send(Ok(CommandResult::Compact { revision }));
             }
         } else if let Some(job) = self.compaction.as_mut() {
-            job.cursor = keys.last().cloned();
+            job.cursor = last;
         }
         Ok(())
     }
@@ -1946,6 +1989,43 @@ impl Writer {
         txn.abort()?;
         Ok(in_use)
     }
+}
+
+/// One bounded step of physical compaction at revision `at`: drops the superseded history of
+/// the next [`COMPACTION_BATCH_KEYS`] keys after `after` (`None`: from the first key), or,
+/// when no key is left, records the compaction as finished. Returns the last key it
+/// compacted, or `None` once finished. Its commit need not be durable: after a crash the
+/// recorded compaction revision is still there and compaction simply runs again.
+pub(crate) fn compaction_step(
+    db: &Database,
+    mvcc: &Mvcc,
+    at: i64,
+    after: Option<&Bytes>,
+) -> Result<Option<Bytes>, StoreError> {
+    let keys = mvcc.index.read().keys_after(after, COMPACTION_BATCH_KEYS);
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::None)
+        .map_err(StoreError::storage)?;
+    {
+        let mut table = txn.open_table(KV)?;
+        if keys.is_empty() {
+            let mut meta = txn.open_table(META)?;
+            meta.insert(META_COMPACT_FINISHED, at as u64)?;
+        } else {
+            let mut removed = Vec::new();
+            {
+                let mut index = mvcc.index.write();
+                for key in &keys {
+                    index.compact_key(key, at, &mut removed);
+                }
+            }
+            for rev in removed {
+                table.remove(rev.to_row_key())?;
+            }
+        }
+    }
+    txn.commit()?;
+    Ok(keys.last().cloned())
 }
 
 /// Replays history to unsynced watchers and sends periodic progress notifications.
@@ -2156,27 +2236,36 @@ impl Store {
 
     fn hash_kv_once(&self, revision: i64) -> Result<(u32, i64), StoreError> {
         let txn = self.shared.db.read().begin_read()?;
-        let current = self.shared.mvcc.current_rev();
-        let compacted = self.shared.mvcc.compact_rev();
-        let at = if revision <= 0 { current } else { revision };
-        if at > current {
-            return Err(StoreError::FutureRevision);
-        }
-        if at < compacted {
-            return Err(StoreError::Compacted {
-                compact_revision: compacted,
-            });
-        }
-        let table = txn.open_table(KV)?;
-        let mut hasher = crc32fast::Hasher::new();
-        let end = Rev::first_of(at.saturating_add(1)).to_row_key();
-        for row in table.range(..end)? {
-            let (key, value) = row?;
-            let (main, sub) = key.value();
-            hasher.update(&main.to_be_bytes());
-            hasher.update(&sub.to_be_bytes());
-            hasher.update(value.value());
-        }
-        Ok((hasher.finalize(), compacted))
+        hash_kv(&txn, &self.shared.mvcc, revision)
     }
+}
+
+/// [`Store::hash_kv`] over `txn`, which must have begun before the revisions are read here.
+pub(crate) fn hash_kv(
+    txn: &ReadTransaction,
+    mvcc: &Mvcc,
+    revision: i64,
+) -> Result<(u32, i64), StoreError> {
+    let current = mvcc.current_rev();
+    let compacted = mvcc.compact_rev();
+    let at = if revision <= 0 { current } else { revision };
+    if at > current {
+        return Err(StoreError::FutureRevision);
+    }
+    if at < compacted {
+        return Err(StoreError::Compacted {
+            compact_revision: compacted,
+        });
+    }
+    let table = txn.open_table(KV)?;
+    let mut hasher = crc32fast::Hasher::new();
+    let end = Rev::first_of(at.saturating_add(1)).to_row_key();
+    for row in table.range(..end)? {
+        let (key, value) = row?;
+        let (main, sub) = key.value();
+        hasher.update(&main.to_be_bytes());
+        hasher.update(&sub.to_be_bytes());
+        hasher.update(value.value());
+    }
+    Ok((hasher.finalize(), compacted))
 }
