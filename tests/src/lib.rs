@@ -1,1 +1,6 @@
+//! skerry's end-to-end tests, crash tests, load generator and torture tests.
+//!
+//! - `check`: pure checkers (linearizability, revisions, watches, lost writes) over recorded
+//!   histories; start at `check::check_all`.
 
+pub mod check;
