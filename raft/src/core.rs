@@ -121,6 +121,10 @@ pub trait Host {
 
     /// The clock.
     fn now(&self) -> Instant;
+    /// A number no earlier run and no other member will draw, for new member ids and the
+    /// first proposal id of a run: the wall clock in nanoseconds in production (etcd mixes
+    /// the time into `member add`'s ids), the seeded RNG in the simulation.
+    fn id_salt(&mut self) -> u64;
 }
 
 /// The settings the logic needs.
@@ -256,12 +260,22 @@ impl<H: Host> Core<H> {
     /// The node's logic over `raw` (built on `host`'s storage) and `host`. `compacted_at` is
     /// the applied index the log was last compacted at (its first index - 1, or the applied
     /// index at start).
-    pub fn new(config: &CoreConfig, raw: RawNode<H::Storage>, host: H, compacted_at: u64) -> Self {
+    pub fn new(
+        config: &CoreConfig,
+        raw: RawNode<H::Storage>,
+        mut host: H,
+        compacted_at: u64,
+    ) -> Self {
+        // Proposal ids continue from a number no earlier run of this member used: entries
+        // it proposed before a restart may still be applied after it, and must not be taken
+        // for the new run's proposals (whose callers would get another write's result).
+        // Within a run ids only increase, so one salt at start is enough.
+        let next_proposal = (host.id_salt() >> 1).max(1);
         Core {
             raw,
             host,
             id: config.id,
-            next_proposal: 1,
+            next_proposal,
             pending: HashMap::new(),
             read_waiters: Vec::new(),
             read_rounds: HashMap::new(),
@@ -607,20 +621,18 @@ impl<H: Host> Core<H> {
 
     /// A fresh member id: from the peer URLs, the cluster and the time, as etcd's `member add`
     /// does, so a member removed and added again at the same URL is a new member.
-    fn new_member_id(&self, peer_urls: &[String], conf: &ConfState) -> u64 {
+    fn new_member_id(&mut self, peer_urls: &[String], conf: &ConfState) -> u64 {
         let mut urls = peer_urls.to_vec();
         urls.sort();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let mut salt = 0u64;
+        let salt = self.host.id_salt();
+        let mut attempt = 0u64;
         loop {
-            let token = format!("{:x}/{nanos}/{salt}", self.cluster_id);
+            let token = format!("{:x}/{salt}/{attempt}", self.cluster_id);
             let id = crate::config::member_id(&urls, &token);
             if !in_conf(conf, id) && id != self.id {
                 return id;
             }
-            salt += 1;
+            attempt += 1;
         }
     }
 

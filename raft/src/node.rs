@@ -636,6 +636,12 @@ impl Host for ProdHost {
     fn now(&self) -> Instant {
         Instant::now()
     }
+
+    fn id_salt(&mut self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    }
 }
 
 /// Writes a new cluster's first entries (see [`bootstrap_entries`]) and membership.

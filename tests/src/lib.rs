@@ -2,5 +2,7 @@
 //!
 //! - `check`: pure checkers (linearizability, revisions, watches, lost writes) over recorded
 //!   histories; start at `check::check_all`.
+//! - `sim`: the deterministic simulation of a cluster, judged by `check`.
 
 pub mod check;
+pub mod sim;

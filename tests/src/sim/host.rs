@@ -1,0 +1,384 @@
+//! A simulated member's machine: the log and the store in memory with a durability model, a
+//! network outbox, and the virtual clock. [`SimHost`] implements `skerry_raft::core::Host`, so
+//! the simulation runs the same node logic as a real member.
+//!
+//! Durability: the log keeps what was written and, separately, what was last synced; a crash
+//! keeps only the synced part, as a power loss keeps only what reached the disk. The store's
+//! durability is the `SyncStore`'s checkpoint (the real store's durable redb commit).
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfState, Entry, HardState, Message, Snapshot};
+use raft::{GetEntriesContext, RaftState, Storage, StorageError};
+use rand::Rng;
+use rand::rngs::StdRng;
+use skerry_raft::RaftError;
+use skerry_raft::core::Host;
+use skerry_store::pb::command::Member as MemberRecord;
+use skerry_store::replication::{Committed, MembershipChange};
+use skerry_store::sync_store::SyncStore;
+
+/// The log as one member holds it.
+#[derive(Debug, Clone, Default)]
+pub struct LogState {
+    pub hard: HardState,
+    pub conf: ConfState,
+    pub snap_index: u64,
+    pub snap_term: u64,
+    pub entries: Vec<Entry>,
+}
+
+impl LogState {
+    pub fn first_index(&self) -> u64 {
+        self.snap_index + 1
+    }
+
+    pub fn last_index(&self) -> u64 {
+        self.snap_index + self.entries.len() as u64
+    }
+
+    fn append(&mut self, entries: &[Entry]) -> Result<(), RaftError> {
+        let Some(first) = entries.first() else {
+            return Ok(());
+        };
+        if first.index > self.last_index() + 1 || first.index <= self.snap_index {
+            return Err(RaftError::Storage(format!(
+                "append at {} outside the log {}..={}",
+                first.index,
+                self.first_index(),
+                self.last_index()
+            )));
+        }
+        let keep = (first.index - self.first_index()) as usize;
+        self.entries.truncate(keep);
+        self.entries.extend_from_slice(entries);
+        Ok(())
+    }
+
+    pub fn term(&self, index: u64) -> Option<u64> {
+        if index == self.snap_index {
+            return Some(self.snap_term);
+        }
+        if index < self.snap_index || index > self.last_index() {
+            return None;
+        }
+        Some(self.entries[(index - self.first_index()) as usize].term)
+    }
+}
+
+/// The log with its durability: `written` is what the member sees, `synced` what a crash
+/// leaves.
+#[derive(Debug, Default)]
+pub struct SimLog {
+    pub written: LogState,
+    pub synced: LogState,
+}
+
+impl SimLog {
+    fn sync(&mut self) {
+        self.synced = self.written.clone();
+    }
+
+    /// A power loss: what was not synced is gone.
+    pub fn crash(&mut self) {
+        self.written = self.synced.clone();
+    }
+}
+
+/// Snapshots pinned for sending, by receiving member (as the real transport's
+/// `OutgoingSnapshots`): the store's stream bytes at the snapshot's index.
+pub type Outgoing = Rc<RefCell<BTreeMap<u64, Vec<u8>>>>;
+
+/// raft-rs's view: the simulated log for entries, the store for snapshots.
+#[derive(Clone)]
+pub struct SimStorage {
+    pub log: Rc<RefCell<SimLog>>,
+    pub store: Rc<RefCell<SyncStore>>,
+    pub outgoing: Outgoing,
+}
+
+fn unavailable() -> raft::Error {
+    raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable)
+}
+
+impl Storage for SimStorage {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        let log = self.log.borrow();
+        Ok(RaftState::new(
+            log.written.hard.clone(),
+            log.written.conf.clone(),
+        ))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        let log = self.log.borrow();
+        let log = &log.written;
+        if low < log.first_index() {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > log.last_index() + 1 || low > high {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let from = (low - log.first_index()) as usize;
+        let to = (high - log.first_index()) as usize;
+        let mut out = log.entries[from..to].to_vec();
+        raft::util::limit_size(&mut out, max_size.into());
+        Ok(out)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        let log = self.log.borrow();
+        let log = &log.written;
+        if idx < log.snap_index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        log.term(idx)
+            .ok_or(raft::Error::Store(StorageError::Unavailable))
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.log.borrow().written.first_index())
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.log.borrow().written.last_index())
+    }
+
+    /// The store as it is now (its applied index is the snapshot's), as the real node's
+    /// storage pins a read transaction.
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        let pinned = self.store.borrow().snapshot().map_err(|_| unavailable())?;
+        let (index, conf, bytes) = (pinned.applied_index, pinned.conf_state, pinned.bytes);
+        if index == 0 || index < request_index {
+            return Err(unavailable());
+        }
+        let term = self
+            .log
+            .borrow()
+            .written
+            .term(index)
+            .ok_or_else(unavailable)?;
+        let conf = conf
+            .and_then(|b| ConfState::parse_from_bytes(&b).ok())
+            .ok_or_else(unavailable)?;
+        let mut snap = Snapshot::default();
+        snap.mut_metadata().index = index;
+        snap.mut_metadata().term = term;
+        snap.mut_metadata().set_conf_state(conf);
+        self.outgoing.borrow_mut().insert(to, bytes);
+        Ok(snap)
+    }
+}
+
+/// What a simulated member sends: raft messages, forwarded membership changes and their
+/// refusals. Drained by the world after every step of the member.
+#[derive(Debug)]
+pub enum Sent {
+    Raft(Message),
+    /// A snapshot message with its store stream bytes (the real transport's own connection).
+    Snapshot(Message, Vec<u8>),
+    Membership {
+        to: u64,
+        proposal: u64,
+        change: MembershipChange,
+    },
+    MembershipRefused {
+        to: u64,
+        proposal: u64,
+        reason: String,
+    },
+}
+
+/// One member's machine.
+pub struct SimHost {
+    pub id: u64,
+    pub storage: SimStorage,
+    pub outbox: Vec<Sent>,
+    pub peers: BTreeMap<u64, String>,
+    pub clock: Rc<Cell<u64>>,
+    pub base: Instant,
+    /// Seeds new member ids; shared with the world so every draw is in the run's order.
+    pub rng: Rc<RefCell<StdRng>>,
+}
+
+impl Host for SimHost {
+    type Storage = SimStorage;
+
+    fn persist(
+        &mut self,
+        entries: &[Entry],
+        hard: Option<&HardState>,
+        sync: bool,
+    ) -> Result<(), RaftError> {
+        let mut log = self.storage.log.borrow_mut();
+        log.written.append(entries)?;
+        if let Some(hard) = hard {
+            log.written.hard = hard.clone();
+        }
+        if sync {
+            log.sync();
+        }
+        Ok(())
+    }
+
+    fn set_conf_state(&mut self, conf: &ConfState) -> Result<(), RaftError> {
+        let mut log = self.storage.log.borrow_mut();
+        log.written.conf = conf.clone();
+        // The real log appends and fsyncs a record.
+        log.sync();
+        Ok(())
+    }
+
+    fn log_first_index(&self) -> u64 {
+        self.storage.log.borrow().written.first_index()
+    }
+
+    fn compact_log(&mut self, index: u64) -> Result<(), RaftError> {
+        let mut log = self.storage.log.borrow_mut();
+        let state = &mut log.written;
+        if index <= state.first_index() {
+            return Ok(());
+        }
+        let index = index.min(state.last_index() + 1);
+        let floor = index - 1;
+        let term = state
+            .term(floor)
+            .ok_or_else(|| RaftError::Storage(format!("no term for {floor}")))?;
+        let drop = (floor - state.snap_index) as usize;
+        state.entries.drain(..drop);
+        state.snap_index = floor;
+        state.snap_term = term;
+        log.sync();
+        Ok(())
+    }
+
+    fn install_snapshot(&mut self, snap: &Snapshot) -> Result<(), RaftError> {
+        let meta = snap.get_metadata();
+        self.storage
+            .store
+            .borrow_mut()
+            .install(&snap.data, meta.index, meta.term)?;
+        let mut log = self.storage.log.borrow_mut();
+        let state = &mut log.written;
+        state.entries.clear();
+        state.snap_index = meta.index;
+        state.snap_term = meta.term;
+        state.conf = meta.get_conf_state().clone();
+        state.hard.commit = state.hard.commit.max(meta.index);
+        state.hard.term = state.hard.term.max(meta.term);
+        log.sync();
+        Ok(())
+    }
+
+    fn apply(&mut self, batch: Vec<Committed>) -> Result<(), RaftError> {
+        let mut replies = Vec::with_capacity(batch.len());
+        let mut entries = Vec::with_capacity(batch.len());
+        for committed in batch {
+            replies.push((committed.index, committed.reply));
+            entries.push((committed.index, committed.command));
+        }
+        let mut store = self.storage.store.borrow_mut();
+        let applied_before = store.applied_index();
+        let applied = store.apply(entries)?;
+        // Results come for the entries not skipped, in order.
+        let mut results = applied.results.into_iter();
+        for (index, reply) in replies {
+            if index <= applied_before {
+                continue;
+            }
+            let result = results.next();
+            if let (Some(reply), Some(result)) = (reply, result) {
+                let _ = reply.send(result);
+            }
+        }
+        Ok(())
+    }
+
+    fn members(&self) -> Result<Vec<MemberRecord>, RaftError> {
+        Ok(self.storage.store.borrow().members()?)
+    }
+
+    fn durable_applied_index(&self) -> u64 {
+        self.storage.store.borrow().durable_applied_index()
+    }
+
+    fn set_leadership(&mut self, _leader: bool, _term: u64) {}
+
+    fn lease_renewed_elsewhere(&mut self, _id: i64) {}
+
+    fn send(&mut self, messages: Vec<Message>) -> Vec<u64> {
+        let mut unknown = Vec::new();
+        for m in messages {
+            if !self.peers.contains_key(&m.to) {
+                if !unknown.contains(&m.to) {
+                    unknown.push(m.to);
+                }
+                continue;
+            }
+            if m.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot {
+                let bytes = self.storage.outgoing.borrow_mut().remove(&m.to);
+                match bytes {
+                    Some(bytes) => self.outbox.push(Sent::Snapshot(m, bytes)),
+                    None => unknown.push(m.to),
+                }
+                continue;
+            }
+            self.outbox.push(Sent::Raft(m));
+        }
+        unknown
+    }
+
+    fn add_peer(&mut self, id: u64, peer_url: &str) {
+        if id != self.id {
+            self.peers.insert(id, peer_url.to_string());
+        }
+    }
+
+    fn remove_peer(&mut self, id: u64) {
+        self.peers.remove(&id);
+    }
+
+    fn peer_ids(&self) -> Vec<u64> {
+        self.peers.keys().copied().collect()
+    }
+
+    fn forward_membership(&mut self, leader: u64, proposal: u64, change: MembershipChange) -> bool {
+        if !self.peers.contains_key(&leader) {
+            return false;
+        }
+        self.outbox.push(Sent::Membership {
+            to: leader,
+            proposal,
+            change,
+        });
+        true
+    }
+
+    fn refuse_membership(&mut self, peer: u64, proposal: u64, reason: String) {
+        self.outbox.push(Sent::MembershipRefused {
+            to: peer,
+            proposal,
+            reason,
+        });
+    }
+
+    fn send_lease_renewals(&mut self, _leader: u64, _ids: Vec<i64>) {}
+
+    fn now(&self) -> Instant {
+        self.base + Duration::from_nanos(self.clock.get())
+    }
+
+    fn id_salt(&mut self) -> u64 {
+        self.rng.borrow_mut().random()
+    }
+}
