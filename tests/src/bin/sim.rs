@@ -34,11 +34,14 @@ fn main() {
     let next = Arc::new(AtomicU64::new(args.first));
     let failed = Arc::new(Mutex::new(Vec::new()));
     let done = Arc::new(AtomicU64::new(0));
+    // Ops, crashes, partitions, snapshots sent, members replaced, over every seed.
+    let totals = Arc::new(Mutex::new([0u64; 5]));
     let started = std::time::Instant::now();
     let end = args.first + args.seeds;
     let workers: Vec<_> = (0..threads)
         .map(|_| {
             let (next, failed, done) = (next.clone(), failed.clone(), done.clone());
+            let totals = totals.clone();
             let (members, ops, verbose) = (args.members, args.ops, args.verbose);
             std::thread::spawn(move || {
                 loop {
@@ -57,6 +60,14 @@ fn main() {
                     };
                     match run_seed(seed, &config) {
                         Ok(outcome) => {
+                            let s = &outcome.run.stats;
+                            if let Ok(mut t) = totals.lock() {
+                                t[0] += outcome.run.history.len() as u64;
+                                t[1] += s.crashes;
+                                t[2] += s.partitions;
+                                t[3] += s.snapshots_installed;
+                                t[4] += s.members_replaced;
+                            }
                             if verbose || !outcome.is_valid() {
                                 println!("{}", outcome.summary());
                             }
@@ -85,6 +96,11 @@ fn main() {
         let _ = w.join();
     }
     let failed = failed.lock().map(|f| f.clone()).unwrap_or_default();
+    let t = totals.lock().map(|t| *t).unwrap_or_default();
+    println!(
+        "{} ops, {} crashes, {} partitions, {} snapshots sent, {} members replaced",
+        t[0], t[1], t[2], t[3], t[4]
+    );
     println!(
         "{} seeds ({}..{}) in {:.1?}: {} failed {:?}",
         args.seeds,
