@@ -62,6 +62,14 @@ struct Watcher {
 }
 
 impl Watcher {
+    /// Whether this member's store has reached the watcher's start: a watcher that asked to
+    /// start beyond the published revision (it saw later revisions on another member, and
+    /// this one is behind) gets no progress notification until it has, since a progress
+    /// revision below what the client already saw would move its view backwards.
+    fn reached(&self, published: i64) -> bool {
+        self.next_rev <= published.saturating_add(1)
+    }
+
     fn wants(&self, event: &Event) -> bool {
         let Some(kv) = &event.kv else { return false };
         if kv.mod_revision < self.next_rev || !self.range.contains(&kv.key) {
@@ -362,6 +370,7 @@ impl WatchHub {
         for (key, w) in &inner.watchers {
             if w.synced
                 && w.progress_notify
+                && w.reached(revision)
                 && let Some(s) = inner.streams.get(&key.0)
             {
                 // A full queue means events are flowing: progress is implied, skip it.
@@ -617,10 +626,11 @@ impl HubInner {
         if !s.progress_pending {
             return;
         }
-        let all_synced = s
-            .watch_ids
-            .iter()
-            .all(|id| self.watchers.get(&(stream, *id)).is_none_or(|w| w.synced));
+        let all_synced = s.watch_ids.iter().all(|id| {
+            self.watchers
+                .get(&(stream, *id))
+                .is_none_or(|w| w.synced && w.reached(revision))
+        });
         if !all_synced {
             return;
         }
@@ -693,5 +703,41 @@ mod tests {
         // One prepared after it is taken, and a caught-up watcher is synced again.
         assert!(hub.deliver_history(round.epoch, stream, live, vec![], 12));
         assert_eq!(hub.counts(), (3, 2, 1));
+    }
+
+    #[test]
+    fn a_watcher_starting_beyond_this_member_gets_no_progress_until_it_is_reached() {
+        let hub = WatchHub::new(5, 1, 1, 1);
+        let (stream, tx, mut rx) = hub.open_stream();
+        // The client saw revision 9 on another member and resumes here from 10.
+        let req = WatchCreateRequest {
+            key: Bytes::from_static(b"a"),
+            range_end: Bytes::from_static(b"z"),
+            start_revision: 10,
+            progress_notify: true,
+            ..Default::default()
+        };
+        let permit = tx.try_reserve().expect("room");
+        let id = hub.create(stream, &req, permit).expect("create");
+        let created = rx.try_recv().expect("created response");
+        assert!(created.response.created);
+        let progress_revisions = |rx: &mut mpsc::Receiver<WatchOut>| {
+            let mut out = Vec::new();
+            while let Ok(o) = rx.try_recv() {
+                // The watcher's own notification, or the stream's answer to the request.
+                assert!([id, STREAM_PROGRESS_WATCH_ID].contains(&o.response.watch_id));
+                out.push(o.response.header.map_or(0, |h| h.revision));
+            }
+            out
+        };
+        // This member is at 5: a progress at 5 would tell the client it is behind what it saw.
+        hub.progress_tick();
+        hub.request_progress(stream);
+        assert_eq!(progress_revisions(&mut rx), Vec::<i64>::new());
+        // Once the member reaches 9 (everything before the watcher's start), it may speak.
+        hub.notify(&[], 9);
+        hub.progress_tick();
+        hub.retry_progress();
+        assert_eq!(progress_revisions(&mut rx), vec![9, 9]);
     }
 }
