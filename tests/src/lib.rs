@@ -6,3 +6,4 @@
 
 pub mod check;
 pub mod sim;
+pub mod torture;
