@@ -98,6 +98,17 @@ impl Watcher {
     /// Reads responses until a progress response at `revision` or later: the hub sends one
     /// only when the watcher is synced, after every event at or below that revision.
     async fn catch_up(&mut self, store: &Store, revision: i64) -> Result<(), String> {
+        if self.from() > revision + 1 {
+            // A watcher that starts beyond `revision` has nothing to catch up with, and gets
+            // no progress until the store reaches its start: a progress below it would move
+            // the client backwards (etcd-io/etcd#20221, fixed by #20229 after 3.4.23; the
+            // torture nemesis found the same in skerry). What it was sent so far (its created
+            // response) is collected for the check.
+            while let Ok(out) = self.rx.try_recv() {
+                self.responses.push(out.response);
+            }
+            return Ok(());
+        }
         store.hub().request_progress(self.stream);
         loop {
             let response = match timeout(OP_TIMEOUT, self.rx.recv()).await {
