@@ -42,6 +42,7 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use crate::error::RaftError;
+use crate::log::MemLog;
 use crate::transport::Received;
 
 /// How long a proposal or read waits for a leader to be known (during an election, or
@@ -195,6 +196,88 @@ pub fn parse_context(ctx: &[u8]) -> Option<(u64, u64)> {
     let member = u64::from_le_bytes(word);
     word.copy_from_slice(&ctx[8..]);
     Some((member, u64::from_le_bytes(word)))
+}
+
+/// The snapshot message raft-rs sends for store data pinned at applied index `index`: its
+/// term from the log, its membership the one the store recorded with the data. When the
+/// data cannot serve (nothing applied, older than raft-rs asked for, no term or membership)
+/// raft-rs is told to ask again later.
+pub fn snapshot_message(
+    log: &MemLog,
+    index: u64,
+    request_index: u64,
+    conf: Option<&[u8]>,
+) -> raft::Result<Snapshot> {
+    let unavailable = || raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable);
+    if index == 0 || index < request_index {
+        return Err(unavailable());
+    }
+    let term = log.term_of(index).ok_or_else(unavailable)?;
+    let conf = conf
+        .and_then(|b| ConfState::parse_from_bytes(b).ok())
+        .ok_or_else(unavailable)?;
+    let mut snap = Snapshot::default();
+    snap.mut_metadata().index = index;
+    snap.mut_metadata().term = term;
+    snap.mut_metadata().set_conf_state(conf);
+    Ok(snap)
+}
+
+/// How a member's log is brought in line with its store at start (see [`start_repair`]).
+#[derive(Debug, Default, PartialEq)]
+pub struct StartRepair {
+    /// A snapshot the store installed that the log does not record yet (a crash came
+    /// between the two): its index, term and membership, to install in the log.
+    pub install: Option<(u64, u64, ConfState)>,
+    /// The commit index the hard state must be raised to: the store applies only committed
+    /// entries, so all it applied is committed, even if the hard state that said so was not
+    /// synced before a crash.
+    pub commit: Option<u64>,
+    /// The membership to record: the store's, as of its applied index (membership takes
+    /// effect when applied; the entries after it apply their changes again).
+    pub conf: Option<ConfState>,
+}
+
+/// Works out [`StartRepair`] from the log as it is and what the store holds: its applied
+/// index, the snapshot it last installed, and its recorded membership. The production start
+/// and the simulation's restarts apply the answer to their logs alike.
+pub fn start_repair(
+    log: &MemLog,
+    applied: u64,
+    installed: Option<(u64, u64)>,
+    store_conf: Option<&[u8]>,
+) -> Result<StartRepair, RaftError> {
+    let conf = store_conf
+        .map(ConfState::parse_from_bytes)
+        .transpose()
+        .map_err(|e| RaftError::Corrupt(format!("store's conf state: {e}")))?;
+    let mut repair = StartRepair::default();
+    let (mut last, mut commit) = (log.last_index(), log.hard.commit);
+    if let Some((index, term)) = installed
+        && index >= log.first_index()
+        && log.term_of(index) != Some(term)
+    {
+        let conf = conf
+            .clone()
+            .ok_or_else(|| RaftError::Corrupt("installed snapshot without membership".into()))?;
+        warn!(
+            index,
+            term, "finishing a snapshot install a crash interrupted"
+        );
+        repair.install = Some((index, term, conf));
+        last = index;
+        commit = commit.max(index);
+    }
+    if applied > commit {
+        if applied > last {
+            return Err(RaftError::Corrupt(format!(
+                "the store applied entry {applied} but the log ends at {last}"
+            )));
+        }
+        repair.commit = Some(applied);
+    }
+    repair.conf = conf.filter(|c| *c != log.conf || repair.install.is_some());
+    Ok(repair)
 }
 
 /// A new cluster's first entries: one committed membership change per member, in id order,

@@ -46,26 +46,30 @@ const RECORD_SNAPSHOT: u8 = 5;
 /// Name of the log directory inside the member's raft dir.
 pub const WAL_LOG_DIR: &str = "log";
 
-#[derive(Debug, Default)]
-struct Core {
-    hard: HardState,
-    conf: ConfState,
-    snap_index: u64,
-    snap_term: u64,
-    entries: Vec<Entry>,
+/// The log in memory: hard state, membership, the floor (the last entry compacted away) and
+/// the live entries, with raft-rs's reading rules. [`LogStore`] mirrors its files in one;
+/// the deterministic simulation keeps its members' logs in them (one as written, one as
+/// synced).
+#[derive(Debug, Default, Clone)]
+pub struct MemLog {
+    pub hard: HardState,
+    pub conf: ConfState,
+    pub snap_index: u64,
+    pub snap_term: u64,
+    pub entries: Vec<Entry>,
 }
 
-impl Core {
-    fn first_index(&self) -> u64 {
+impl MemLog {
+    pub fn first_index(&self) -> u64 {
         self.snap_index + 1
     }
 
-    fn last_index(&self) -> u64 {
+    pub fn last_index(&self) -> u64 {
         self.snap_index + self.entries.len() as u64
     }
 
     /// Appends `entries`, replacing the held suffix from the first one's index on.
-    fn append(&mut self, entries: Vec<Entry>) -> Result<(), RaftError> {
+    pub fn append(&mut self, entries: Vec<Entry>) -> Result<(), RaftError> {
         let Some(first) = entries.first() else {
             return Ok(());
         };
@@ -91,7 +95,18 @@ impl Core {
         Ok(())
     }
 
-    fn compact(&mut self, index: u64, term: u64) {
+    /// The floor (index and term) that compacting away the entries before `index` makes;
+    /// `None` when there is nothing to drop.
+    pub fn floor_before(&self, index: u64) -> Option<(u64, u64)> {
+        if index <= self.first_index() {
+            return None;
+        }
+        let floor = index.min(self.last_index() + 1) - 1;
+        self.term_of(floor).map(|term| (floor, term))
+    }
+
+    /// Drops the entries up to `index`, which becomes the floor at `term`.
+    pub fn compact(&mut self, index: u64, term: u64) {
         if index <= self.snap_index {
             return;
         }
@@ -99,6 +114,53 @@ impl Core {
         self.entries.drain(..drop);
         self.snap_index = index;
         self.snap_term = term;
+    }
+
+    /// Drops every entry, above the floor too: a snapshot at `index`, `term` replaces the log.
+    pub fn install(&mut self, index: u64, term: u64) {
+        self.entries.clear();
+        self.snap_index = index;
+        self.snap_term = term;
+    }
+
+    /// The term of entry `index` (or of the floor), if the log holds it.
+    pub fn term_of(&self, index: u64) -> Option<u64> {
+        if index == self.snap_index {
+            return Some(self.snap_term);
+        }
+        if index < self.snap_index || index > self.last_index() {
+            return None;
+        }
+        Some(self.entries[(index - self.first_index()) as usize].term)
+    }
+
+    /// raft-rs's `Storage::entries`: `[low, high)`, at most `max_size` bytes.
+    pub fn read_entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: Option<u64>,
+    ) -> raft::Result<Vec<Entry>> {
+        if low < self.first_index() {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > self.last_index() + 1 || low > high {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let from = (low - self.first_index()) as usize;
+        let to = (high - self.first_index()) as usize;
+        let mut out = self.entries[from..to].to_vec();
+        raft::util::limit_size(&mut out, max_size);
+        Ok(out)
+    }
+
+    /// raft-rs's `Storage::term`.
+    pub fn read_term(&self, index: u64) -> raft::Result<u64> {
+        if index < self.snap_index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        self.term_of(index)
+            .ok_or(raft::Error::Store(StorageError::Unavailable))
     }
 }
 
@@ -114,12 +176,41 @@ impl Writer {
     fn next_seq(&self) -> u64 {
         self.wal.last_index() + 1
     }
+
+    /// Appends (and syncs) a floor record of `kind` with the hard state and membership
+    /// written again after it, so the segments before it can go. Returns the floor record's
+    /// sequence number.
+    fn write_floor(
+        &mut self,
+        kind: u8,
+        index: u64,
+        term: u64,
+        hard: &HardState,
+        conf: &ConfState,
+    ) -> Result<u64, RaftError> {
+        let mut floor_record = vec![kind];
+        floor_record.extend_from_slice(&index.to_le_bytes());
+        floor_record.extend_from_slice(&term.to_le_bytes());
+        let mut hard_record = vec![RECORD_HARD_STATE];
+        encode_into(hard, &mut hard_record)?;
+        let mut conf_record = vec![RECORD_CONF_STATE];
+        encode_into(conf, &mut conf_record)?;
+        let seq = self.next_seq();
+        self.wal
+            .append([
+                (seq, floor_record.as_slice()),
+                (seq + 1, hard_record.as_slice()),
+                (seq + 2, conf_record.as_slice()),
+            ])
+            .map_err(storage)?;
+        Ok(seq)
+    }
 }
 
 /// The durable Raft log on segment files.
 #[derive(Clone)]
 pub struct LogStore {
-    core: Arc<RwLock<Core>>,
+    core: Arc<RwLock<MemLog>>,
     writer: Arc<Mutex<Writer>>,
 }
 
@@ -155,7 +246,7 @@ impl LogStore {
             skerry_store::StoreError::DataDir(text) => RaftError::Corrupt(text),
             other => storage(other),
         })?;
-        let mut core = Core::default();
+        let mut core = MemLog::default();
         // The last floor first: segments before it were released, so the oldest entries
         // replayed may start above index 1.
         if let Some((_, payload)) = records
@@ -187,9 +278,7 @@ impl LogStore {
                 }
                 RECORD_SNAPSHOT => {
                     let (index, term) = decode_floor(body)?;
-                    core.entries.clear();
-                    core.snap_index = index;
-                    core.snap_term = term;
+                    core.install(index, term);
                     entry_records.clear();
                 }
                 other => {
@@ -207,6 +296,11 @@ impl LogStore {
                 buf: Vec::new(),
             })),
         })
+    }
+
+    /// Reads the in-memory log under its lock.
+    pub fn read<R>(&self, f: impl FnOnce(&MemLog) -> R) -> R {
+        f(&self.core.read())
     }
 
     pub fn is_initialized(&self) -> bool {
@@ -318,36 +412,14 @@ impl LogStore {
     pub fn compact(&self, index: u64) -> Result<(), RaftError> {
         let (floor, floor_term, hard, conf) = {
             let core = self.core.read();
-            if index <= core.first_index() {
+            let Some((floor, term)) = core.floor_before(index) else {
                 return Ok(());
-            }
-            let index = index.min(core.last_index() + 1);
-            let floor = index - 1;
-            let term = if floor == core.snap_index {
-                core.snap_term
-            } else {
-                core.entries[(floor - core.first_index()) as usize].term
             };
             (floor, term, core.hard.clone(), core.conf.clone())
         };
         let mut writer = self.writer.lock();
         let writer = &mut *writer;
-        let mut floor_record = vec![RECORD_FLOOR];
-        floor_record.extend_from_slice(&floor.to_le_bytes());
-        floor_record.extend_from_slice(&floor_term.to_le_bytes());
-        let mut hard_record = vec![RECORD_HARD_STATE];
-        encode_into(&hard, &mut hard_record)?;
-        let mut conf_record = vec![RECORD_CONF_STATE];
-        encode_into(&conf, &mut conf_record)?;
-        let seq = writer.next_seq();
-        writer
-            .wal
-            .append([
-                (seq, floor_record.as_slice()),
-                (seq + 1, hard_record.as_slice()),
-                (seq + 2, conf_record.as_slice()),
-            ])
-            .map_err(storage)?;
+        let seq = writer.write_floor(RECORD_FLOOR, floor, floor_term, &hard, &conf)?;
         self.core.write().compact(floor, floor_term);
         // Every record before the first ENTRIES record that still holds a live entry is
         // superseded: older entries are below the floor, older states were rewritten above.
@@ -380,27 +452,10 @@ impl LogStore {
         };
         let mut writer = self.writer.lock();
         let writer = &mut *writer;
-        let mut floor_record = vec![RECORD_SNAPSHOT];
-        floor_record.extend_from_slice(&index.to_le_bytes());
-        floor_record.extend_from_slice(&term.to_le_bytes());
-        let mut hard_record = vec![RECORD_HARD_STATE];
-        encode_into(&hard, &mut hard_record)?;
-        let mut conf_record = vec![RECORD_CONF_STATE];
-        encode_into(conf, &mut conf_record)?;
-        let seq = writer.next_seq();
-        writer
-            .wal
-            .append([
-                (seq, floor_record.as_slice()),
-                (seq + 1, hard_record.as_slice()),
-                (seq + 2, conf_record.as_slice()),
-            ])
-            .map_err(storage)?;
+        let seq = writer.write_floor(RECORD_SNAPSHOT, index, term, &hard, conf)?;
         {
             let mut core = self.core.write();
-            core.entries.clear();
-            core.snap_index = index;
-            core.snap_term = term;
+            core.install(index, term);
             core.hard = hard;
             core.conf = conf.clone();
         }
@@ -411,13 +466,7 @@ impl LogStore {
 
     /// Whether the log holds entry `index` with `term` (or has it as its floor).
     pub fn has_entry(&self, index: u64, term: u64) -> bool {
-        let core = self.core.read();
-        if index == core.snap_index {
-            return core.snap_term == term;
-        }
-        index > core.snap_index
-            && index <= core.last_index()
-            && core.entries[(index - core.first_index()) as usize].term == term
+        self.core.read().term_of(index) == Some(term)
     }
 
     /// Segment files on disk, for tests.
@@ -473,32 +522,11 @@ impl Storage for LogStore {
         max_size: impl Into<Option<u64>>,
         _context: GetEntriesContext,
     ) -> raft::Result<Vec<Entry>> {
-        let core = self.core.read();
-        if low < core.first_index() {
-            return Err(raft::Error::Store(StorageError::Compacted));
-        }
-        if high > core.last_index() + 1 || low > high {
-            return Err(raft::Error::Store(StorageError::Unavailable));
-        }
-        let from = (low - core.first_index()) as usize;
-        let to = (high - core.first_index()) as usize;
-        let mut out = core.entries[from..to].to_vec();
-        raft::util::limit_size(&mut out, max_size.into());
-        Ok(out)
+        self.core.read().read_entries(low, high, max_size.into())
     }
 
     fn term(&self, idx: u64) -> raft::Result<u64> {
-        let core = self.core.read();
-        if idx == core.snap_index {
-            return Ok(core.snap_term);
-        }
-        if idx < core.snap_index {
-            return Err(raft::Error::Store(StorageError::Compacted));
-        }
-        if idx > core.last_index() {
-            return Err(raft::Error::Store(StorageError::Unavailable));
-        }
-        Ok(core.entries[(idx - core.first_index()) as usize].term)
+        self.core.read().read_term(idx)
     }
 
     fn first_index(&self) -> raft::Result<u64> {
@@ -510,9 +538,8 @@ impl Storage for LogStore {
     }
 
     fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        // Sending the store to a member behind the compacted log is not built yet; raft-rs
-        // retries later. The node does not compact the log yet, so every member that was
-        // ever in the cluster catches up from the log.
+        // The log holds no store data: the node's storage (`node::NodeStorage`) answers
+        // snapshots from the store and reads everything else here.
         Err(raft::Error::Store(
             StorageError::SnapshotTemporarilyUnavailable,
         ))

@@ -14,7 +14,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
-use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Message, Snapshot};
 use raft::{GetEntriesContext, RaftState, RawNode, Storage, StorageError};
 use skerry_store::pb::command::{Command, Member as MemberRecord};
@@ -24,7 +23,9 @@ use tokio::sync::oneshot;
 use tracing::{error, info, warn};
 
 use crate::config::{ClusterConfig, ClusterState};
-use crate::core::{Core, CoreConfig, Host, Input, bootstrap_entries};
+use crate::core::{
+    Core, CoreConfig, Host, Input, bootstrap_entries, snapshot_message, start_repair,
+};
 use crate::error::RaftError;
 use crate::log::LogStore as RaftLog;
 use crate::transport::{JoinAnswer, OutgoingSnapshots, Received, SnapshotSetup, Transport};
@@ -161,29 +162,21 @@ impl RaftNode {
                 }
             }
         }
-        repair_after_install(&log, &store)?;
-        // The store applies only committed entries, so everything it applied is committed,
-        // even if the hard state that said so was not synced before a crash.
         let applied = store.applied_index();
-        let mut hard = log.hard_state();
-        if applied > hard.commit {
-            if applied > log.last_index() {
-                return Err(RaftError::Corrupt(format!(
-                    "the store applied entry {applied} but the log ends at {}",
-                    log.last_index()
-                )));
-            }
-            hard.commit = applied;
+        let installed = store.installed_snapshot()?;
+        let store_conf = store.conf_state()?;
+        let repair =
+            log.read(|mem| start_repair(mem, applied, installed, store_conf.as_deref()))?;
+        if let Some((index, term, conf)) = &repair.install {
+            log.apply_snapshot(*index, *term, conf)?;
+        }
+        if let Some(commit) = repair.commit {
+            let mut hard = log.hard_state();
+            hard.commit = commit;
             log.persist(&[], Some(&hard), true)?;
         }
-        // Membership takes effect when applied: start from the store's (as of its applied
-        // index); the entries after it apply their changes again.
-        if let Some(bytes) = store.conf_state()? {
-            let conf = ConfState::parse_from_bytes(&bytes)
-                .map_err(|e| RaftError::Corrupt(format!("store's conf state: {e}")))?;
-            if conf != log.conf_state() {
-                log.set_conf_state(&conf)?;
-            }
+        if let Some(conf) = &repair.conf {
+            log.set_conf_state(conf)?;
         }
         if log_dir.join(REMOVED_MARKER).exists() {
             return Err(RaftError::Config(format!(
@@ -366,31 +359,6 @@ impl Drop for RaftNode {
     }
 }
 
-/// A crash between the store installing a snapshot and the log recording it leaves the store
-/// ahead of the log: finish the log's part from what the store recorded.
-fn repair_after_install(log: &RaftLog, store: &Store) -> Result<(), RaftError> {
-    let Some((index, term)) = store.installed_snapshot()? else {
-        return Ok(());
-    };
-    if index < log.first_index() || log.has_entry(index, term) {
-        return Ok(());
-    }
-    let conf = match store.conf_state()? {
-        Some(bytes) => ConfState::parse_from_bytes(&bytes)
-            .map_err(|e| RaftError::Corrupt(format!("store's conf state: {e}")))?,
-        None => {
-            return Err(RaftError::Corrupt(
-                "installed snapshot without membership".into(),
-            ));
-        }
-    };
-    warn!(
-        index,
-        term, "finishing a snapshot install a crash interrupted"
-    );
-    log.apply_snapshot(index, term, &conf)
-}
-
 /// raft-rs's view of the log and of snapshots: the log for entries and states, the store
 /// for snapshots. A snapshot is the store as one read transaction sees it, pinned until the
 /// transport has streamed it: its index is the store's applied index in that transaction,
@@ -439,21 +407,9 @@ impl Storage for NodeStorage {
             }
         };
         let index = pinned.applied_index;
-        if index == 0 || index < request_index {
-            return Err(unavailable());
-        }
-        let term = self.log.term(index).map_err(|_| unavailable())?;
-        let Some(conf) = pinned
-            .conf_state
-            .as_deref()
-            .and_then(|b| ConfState::parse_from_bytes(b).ok())
-        else {
-            return Err(unavailable());
-        };
-        let mut snap = Snapshot::default();
-        snap.mut_metadata().index = index;
-        snap.mut_metadata().term = term;
-        snap.mut_metadata().set_conf_state(conf);
+        let mut snap = self.log.read(|mem| {
+            snapshot_message(mem, index, request_index, pinned.conf_state.as_deref())
+        })?;
         // The data travels on the snapshot stream; the message names what it carries.
         snap.data = format!(
             "skerry store at index {index}, revision {}",

@@ -11,71 +11,23 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Message, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 use rand::Rng;
 use rand::rngs::StdRng;
 use skerry_raft::RaftError;
-use skerry_raft::core::Host;
+use skerry_raft::core::{Host, snapshot_message};
+use skerry_raft::log::MemLog;
 use skerry_store::pb::command::Member as MemberRecord;
 use skerry_store::replication::{Committed, MembershipChange};
 use skerry_store::sync_store::SyncStore;
-
-/// The log as one member holds it.
-#[derive(Debug, Clone, Default)]
-pub struct LogState {
-    pub hard: HardState,
-    pub conf: ConfState,
-    pub snap_index: u64,
-    pub snap_term: u64,
-    pub entries: Vec<Entry>,
-}
-
-impl LogState {
-    pub fn first_index(&self) -> u64 {
-        self.snap_index + 1
-    }
-
-    pub fn last_index(&self) -> u64 {
-        self.snap_index + self.entries.len() as u64
-    }
-
-    fn append(&mut self, entries: &[Entry]) -> Result<(), RaftError> {
-        let Some(first) = entries.first() else {
-            return Ok(());
-        };
-        if first.index > self.last_index() + 1 || first.index <= self.snap_index {
-            return Err(RaftError::Storage(format!(
-                "append at {} outside the log {}..={}",
-                first.index,
-                self.first_index(),
-                self.last_index()
-            )));
-        }
-        let keep = (first.index - self.first_index()) as usize;
-        self.entries.truncate(keep);
-        self.entries.extend_from_slice(entries);
-        Ok(())
-    }
-
-    pub fn term(&self, index: u64) -> Option<u64> {
-        if index == self.snap_index {
-            return Some(self.snap_term);
-        }
-        if index < self.snap_index || index > self.last_index() {
-            return None;
-        }
-        Some(self.entries[(index - self.first_index()) as usize].term)
-    }
-}
 
 /// The log with its durability: `written` is what the member sees, `synced` what a crash
 /// leaves.
 #[derive(Debug, Default)]
 pub struct SimLog {
-    pub written: LogState,
-    pub synced: LogState,
+    pub written: MemLog,
+    pub synced: MemLog,
 }
 
 impl SimLog {
@@ -121,29 +73,14 @@ impl Storage for SimStorage {
         max_size: impl Into<Option<u64>>,
         _context: GetEntriesContext,
     ) -> raft::Result<Vec<Entry>> {
-        let log = self.log.borrow();
-        let log = &log.written;
-        if low < log.first_index() {
-            return Err(raft::Error::Store(StorageError::Compacted));
-        }
-        if high > log.last_index() + 1 || low > high {
-            return Err(raft::Error::Store(StorageError::Unavailable));
-        }
-        let from = (low - log.first_index()) as usize;
-        let to = (high - log.first_index()) as usize;
-        let mut out = log.entries[from..to].to_vec();
-        raft::util::limit_size(&mut out, max_size.into());
-        Ok(out)
+        self.log
+            .borrow()
+            .written
+            .read_entries(low, high, max_size.into())
     }
 
     fn term(&self, idx: u64) -> raft::Result<u64> {
-        let log = self.log.borrow();
-        let log = &log.written;
-        if idx < log.snap_index {
-            return Err(raft::Error::Store(StorageError::Compacted));
-        }
-        log.term(idx)
-            .ok_or(raft::Error::Store(StorageError::Unavailable))
+        self.log.borrow().written.read_term(idx)
     }
 
     fn first_index(&self) -> raft::Result<u64> {
@@ -158,23 +95,13 @@ impl Storage for SimStorage {
     /// storage pins a read transaction.
     fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
         let pinned = self.store.borrow().snapshot().map_err(|_| unavailable())?;
-        let (index, conf, bytes) = (pinned.applied_index, pinned.conf_state, pinned.bytes);
-        if index == 0 || index < request_index {
-            return Err(unavailable());
-        }
-        let term = self
-            .log
-            .borrow()
-            .written
-            .term(index)
-            .ok_or_else(unavailable)?;
-        let conf = conf
-            .and_then(|b| ConfState::parse_from_bytes(&b).ok())
-            .ok_or_else(unavailable)?;
-        let mut snap = Snapshot::default();
-        snap.mut_metadata().index = index;
-        snap.mut_metadata().term = term;
-        snap.mut_metadata().set_conf_state(conf);
+        let snap = snapshot_message(
+            &self.log.borrow().written,
+            pinned.applied_index,
+            request_index,
+            pinned.conf_state.as_deref(),
+        )?;
+        let bytes = pinned.bytes;
         self.outgoing.borrow_mut().insert(to, bytes);
         Ok(snap)
     }
@@ -221,7 +148,7 @@ impl Host for SimHost {
         sync: bool,
     ) -> Result<(), RaftError> {
         let mut log = self.storage.log.borrow_mut();
-        log.written.append(entries)?;
+        log.written.append(entries.to_vec())?;
         if let Some(hard) = hard {
             log.written.hard = hard.clone();
         }
@@ -245,20 +172,10 @@ impl Host for SimHost {
 
     fn compact_log(&mut self, index: u64) -> Result<(), RaftError> {
         let mut log = self.storage.log.borrow_mut();
-        let state = &mut log.written;
-        if index <= state.first_index() {
-            return Ok(());
+        if let Some((floor, term)) = log.written.floor_before(index) {
+            log.written.compact(floor, term);
+            log.sync();
         }
-        let index = index.min(state.last_index() + 1);
-        let floor = index - 1;
-        let term = state
-            .term(floor)
-            .ok_or_else(|| RaftError::Storage(format!("no term for {floor}")))?;
-        let drop = (floor - state.snap_index) as usize;
-        state.entries.drain(..drop);
-        state.snap_index = floor;
-        state.snap_term = term;
-        log.sync();
         Ok(())
     }
 
@@ -270,9 +187,7 @@ impl Host for SimHost {
             .install(&snap.data, meta.index, meta.term)?;
         let mut log = self.storage.log.borrow_mut();
         let state = &mut log.written;
-        state.entries.clear();
-        state.snap_index = meta.index;
-        state.snap_term = meta.term;
+        state.install(meta.index, meta.term);
         state.conf = meta.get_conf_state().clone();
         state.hard.commit = state.hard.commit.max(meta.index);
         state.hard.term = state.hard.term.max(meta.term);

@@ -9,12 +9,10 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use protobuf::Message as _;
 use raft::RawNode;
-use raft::eraftpb::ConfState;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use skerry_raft::core::{Core, CoreConfig, Input, bootstrap_entries};
+use skerry_raft::core::{Core, CoreConfig, Input, bootstrap_entries, start_repair};
 use skerry_raft::transport::Received;
 use skerry_store::CommandResult;
 use skerry_store::StoreError;
@@ -252,7 +250,9 @@ impl World {
         };
         for id in &ids {
             let mut log = SimLog::default();
-            log.written.append_bootstrap(&entries, &hard, &conf);
+            log.written.entries = entries.clone();
+            log.written.hard = hard.clone();
+            log.written.conf = conf.clone();
             log.synced = log.written.clone();
             let store = SyncStore::new(cluster_id, *id).map_err(|e| e.to_string())?;
             world.members.push(Member {
@@ -307,39 +307,27 @@ impl World {
         let log = m.log.clone();
         let applied = store.borrow().applied_index();
         {
+            // The same repairs the real node makes at start (`skerry_raft::core::start_repair`).
+            let (installed, conf) = {
+                let store = store.borrow();
+                let installed = store.installed_snapshot().map_err(|e| e.to_string())?;
+                (installed, store.conf_state().map_err(|e| e.to_string())?)
+            };
             let mut log = log.borrow_mut();
-            // A crash between the store's install and the log's: finish the log's part.
-            if let Ok(Some((index, term))) = store.borrow().installed_snapshot()
-                && index >= log.written.first_index()
-                && log.written.term(index) != Some(term)
-            {
-                let conf = store
-                    .borrow()
-                    .conf_state()
-                    .ok()
-                    .flatten()
-                    .and_then(|b| ConfState::parse_from_bytes(&b).ok())
-                    .unwrap_or_default();
-                log.written.entries.clear();
-                log.written.snap_index = index;
-                log.written.snap_term = term;
-                log.written.conf = conf;
-                log.written.hard.commit = log.written.hard.commit.max(index);
+            let repair = start_repair(&log.written, applied, installed, conf.as_deref())
+                .map_err(|e| format!("member {:x}: {e}", m.id))?;
+            let written = &mut log.written;
+            if let Some((index, term, conf)) = repair.install {
+                written.install(index, term);
+                written.conf = conf;
+                written.hard.commit = written.hard.commit.max(index);
+                written.hard.term = written.hard.term.max(term);
             }
-            if applied > log.written.hard.commit {
-                if applied > log.written.last_index() {
-                    return Err(format!(
-                        "member {:x}: store applied {applied} beyond the log's end {}",
-                        m.id,
-                        log.written.last_index()
-                    ));
-                }
-                log.written.hard.commit = applied;
+            if let Some(commit) = repair.commit {
+                written.hard.commit = commit;
             }
-            if let Ok(Some(bytes)) = store.borrow().conf_state()
-                && let Ok(conf) = ConfState::parse_from_bytes(&bytes)
-            {
-                log.written.conf = conf;
+            if let Some(conf) = repair.conf {
+                written.conf = conf;
             }
             log.synced = log.written.clone();
         }
@@ -1391,17 +1379,4 @@ fn answer_of(result: &CommandResult) -> Outcome {
 
 fn discard_logger() -> slog::Logger {
     slog::Logger::root(slog::Discard, slog::o!())
-}
-
-impl super::host::LogState {
-    fn append_bootstrap(
-        &mut self,
-        entries: &[raft::eraftpb::Entry],
-        hard: &raft::eraftpb::HardState,
-        conf: &ConfState,
-    ) {
-        self.entries = entries.to_vec();
-        self.hard = hard.clone();
-        self.conf = conf.clone();
-    }
 }
