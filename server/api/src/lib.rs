@@ -1,0 +1,13 @@
+//! The Kubernetes API surface shared by skerry's apiserver and its clients.
+//!
+//! - [`catalogue`]: every resource served, its group/version/kind, scope, verbs and store key.
+//! - [`status`]: errors as Kubernetes `Status` objects, with Kubernetes' reasons and codes.
+//!
+//! Start with the catalogue: the apiserver's routing, discovery and watch caches are driven
+//! by it.
+
+pub mod catalogue;
+pub mod status;
+
+pub use catalogue::{RESOURCES, ResourceInfo};
+pub use status::{ApiError, Cause};

@@ -1,0 +1,1 @@
+//! skerry's Kubernetes apiserver.
