@@ -1,0 +1,178 @@
+//! What a request asks for, read from its method, path and query the way Kubernetes'
+//! `RequestInfoFactory` reads them: API group and version, namespace, resource, name,
+//! subresource and verb. Authorization, routing and metrics all use this one reading.
+
+use std::collections::HashMap;
+
+/// Subresources of a namespace that are not resources inside it
+/// (`/api/v1/namespaces/ns/status` is the namespace's status, not a resource `status`).
+const NAMESPACE_SUBRESOURCES: &[&str] = &["status", "finalize"];
+
+/// A request for an API resource, or a plain path (`/version`, `/healthz`, `/openapi/v2`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestInfo {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, `deletecollection`
+    /// for resources; the lower-case HTTP method for other paths (RBAC's nonResourceURLs).
+    pub verb: String,
+    pub resource_request: bool,
+    /// `""` for the core group.
+    pub group: String,
+    pub version: String,
+    pub namespace: Option<String>,
+    pub resource: String,
+    pub subresource: Option<String>,
+    pub name: Option<String>,
+    pub path: String,
+}
+
+impl RequestInfo {
+    /// Reads a request. `query` is the parsed query string (`watch=true` makes a list a
+    /// watch, as does the legacy `/watch/` path segment).
+    pub fn parse(method: &http::Method, path: &str, query: &HashMap<String, String>) -> Self {
+        let non_resource = || RequestInfo {
+            verb: method.as_str().to_ascii_lowercase(),
+            resource_request: false,
+            group: String::new(),
+            version: String::new(),
+            namespace: None,
+            resource: String::new(),
+            subresource: None,
+            name: None,
+            path: path.to_string(),
+        };
+        let trimmed = path.trim_matches('/');
+        let mut parts: Vec<&str> = trimmed.split('/').collect();
+        let (group, version) = match parts.first() {
+            Some(&"api") if parts.len() >= 2 => {
+                let v = parts[1].to_string();
+                parts.drain(..2);
+                (String::new(), v)
+            }
+            Some(&"apis") if parts.len() >= 3 => {
+                let g = parts[1].to_string();
+                let v = parts[2].to_string();
+                parts.drain(..3);
+                (g, v)
+            }
+            _ => return non_resource(),
+        };
+        if parts.is_empty() || parts[0].is_empty() {
+            // `/api/v1`, `/apis/apps/v1`: discovery, not a resource.
+            return non_resource();
+        }
+        let mut verb = match *method {
+            http::Method::POST => "create",
+            http::Method::GET | http::Method::HEAD => "get",
+            http::Method::PUT => "update",
+            http::Method::PATCH => "patch",
+            http::Method::DELETE => "delete",
+            _ => "",
+        }
+        .to_string();
+        let mut legacy_watch = false;
+        if parts[0] == "watch" {
+            legacy_watch = true;
+            parts.remove(0);
+        }
+        let mut namespace = None;
+        if parts.first() == Some(&"namespaces") {
+            if parts.len() > 1 {
+                namespace = Some(parts[1].to_string());
+                // `namespaces/<ns>/<resource>...`, except the namespace's own subresources.
+                if parts.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&parts[2]) {
+                    parts.drain(..2);
+                }
+            }
+        }
+        let resource = parts.first().map(|s| s.to_string()).unwrap_or_default();
+        let name = parts.get(1).map(|s| s.to_string());
+        let subresource = parts.get(2).map(|s| s.to_string());
+        // A namespace object is named by its path, not namespaced.
+        if resource == "namespaces" {
+            namespace = None;
+        }
+        let watch_param = query.get("watch").is_some_and(|v| v == "true" || v == "1");
+        if verb == "get" && name.is_none() {
+            verb = if legacy_watch || watch_param {
+                "watch".into()
+            } else {
+                "list".into()
+            };
+        } else if verb == "get" && (legacy_watch || watch_param) {
+            // `GET /api/v1/watch/namespaces/ns/pods/name`: a watch of one object.
+            verb = "watch".into();
+        }
+        if verb == "delete" && name.is_none() {
+            verb = "deletecollection".into();
+        }
+        RequestInfo {
+            verb,
+            resource_request: true,
+            group,
+            version,
+            namespace,
+            resource,
+            subresource,
+            name,
+            path: path.to_string(),
+        }
+    }
+}
+
+/// Parses a query string into a map (the last value of a repeated key wins, as Go's
+/// `url.Values.Get` returns the first; Kubernetes clients never repeat them).
+pub fn parse_query(query: Option<&str>) -> HashMap<String, String> {
+    let mut map = HashMap::new();
+    if let Some(q) = query {
+        for (k, v) in form_urlencoded::parse(q.as_bytes()) {
+            map.entry(k.into_owned()).or_insert_with(|| v.into_owned());
+        }
+    }
+    map
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Method;
+
+    fn info(method: Method, path: &str, query: &str) -> RequestInfo {
+        RequestInfo::parse(&method, path, &parse_query(Some(query)))
+    }
+
+    #[test]
+    fn reads_resources_like_kubernetes() {
+        let i = info(Method::GET, "/api/v1/namespaces/default/pods/web", "");
+        assert_eq!((i.verb.as_str(), i.namespace.as_deref(), i.resource.as_str(), i.name.as_deref()),
+            ("get", Some("default"), "pods", Some("web")));
+        let i = info(Method::GET, "/apis/apps/v1/namespaces/ns/deployments", "watch=true");
+        assert_eq!((i.verb.as_str(), i.group.as_str()), ("watch", "apps"));
+        let i = info(Method::GET, "/api/v1/pods", "");
+        assert_eq!((i.verb.as_str(), i.namespace), ("list", None));
+        let i = info(Method::PATCH, "/apis/apps/v1/namespaces/ns/deployments/d/scale", "");
+        assert_eq!((i.verb.as_str(), i.subresource.as_deref()), ("patch", Some("scale")));
+        let i = info(Method::DELETE, "/api/v1/namespaces/ns/configmaps", "");
+        assert_eq!(i.verb, "deletecollection");
+        let i = info(Method::GET, "/api/v1/watch/namespaces/ns/pods", "");
+        assert_eq!(i.verb, "watch");
+    }
+
+    #[test]
+    fn namespaces_are_named_by_their_path() {
+        let i = info(Method::GET, "/api/v1/namespaces/kube-system", "");
+        assert_eq!((i.resource.as_str(), i.name.as_deref(), i.namespace), ("namespaces", Some("kube-system"), None));
+        let i = info(Method::PUT, "/api/v1/namespaces/ns/finalize", "");
+        assert_eq!((i.resource.as_str(), i.name.as_deref(), i.subresource.as_deref()), ("namespaces", Some("ns"), Some("finalize")));
+        let i = info(Method::GET, "/api/v1/namespaces", "");
+        assert_eq!(i.verb, "list");
+    }
+
+    #[test]
+    fn other_paths_are_not_resources() {
+        for p in ["/version", "/api", "/apis", "/api/v1", "/apis/apps/v1", "/openapi/v2", "/healthz"] {
+            let i = info(Method::GET, p, "");
+            assert!(!i.resource_request, "{p}");
+            assert_eq!(i.verb, "get");
+        }
+    }
+}
