@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+mod kube;
+mod kubeconfig;
+mod pki;
 mod tls;
 
 use skerry_raft::{ClusterConfig, ClusterState, RaftNode};
@@ -29,6 +32,12 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// etcd's default client URL, so that `etcdctl` with no flags talks to `skerry server`.
 const LISTEN_CLIENT_URL_DEFAULT: &str = "http://127.0.0.1:2379";
+
+/// kube-apiserver's secure port.
+const APISERVER_PORT_DEFAULT: u16 = 6443;
+
+/// Where the admin kubeconfig is written, inside the data dir.
+const ADMIN_KUBECONFIG_FILE: &str = "admin.kubeconfig";
 
 /// The data dir used when none is given: under the user's home, so the embedded default
 /// needs no flags and no root.
@@ -85,6 +94,25 @@ struct ServerArgs {
     /// Client URLs to advertise to the cluster, comma-separated [default: the listen URLs].
     #[arg(long, value_delimiter = ',')]
     advertise_client_urls: Vec<String>,
+    /// Port of the Kubernetes API (HTTPS; kube-apiserver's flag and default). 0 serves no
+    /// Kubernetes API, only the store.
+    #[arg(long, default_value_t = APISERVER_PORT_DEFAULT)]
+    secure_port: u16,
+    /// Address the Kubernetes API listens on (kube-apiserver's flag and default: every
+    /// interface, so the other boxes and kubectl users reach it).
+    #[arg(long, default_value = "0.0.0.0")]
+    bind_address: std::net::IpAddr,
+    /// Extra DNS names and IPs for the API's serving certificate, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    tls_san: Vec<String>,
+    /// Static bearer tokens (kube-apiserver's CSV format: token,user,uid,"group1,group2").
+    #[arg(long)]
+    token_auth_file: Option<PathBuf>,
+    /// The cluster's PKI (CA, serving and admin certs, service-account key) [default:
+    /// <data-dir>/pki, created on first start]. Point every member at a copy of the same
+    /// directory to share one CA.
+    #[arg(long)]
+    pki_dir: Option<PathBuf>,
     /// Interval of watch progress notifications (etcd's flag; e.g. 10m, 5s, 500ms).
     #[arg(long = "experimental-watch-progress-notify-interval", default_value = "10m", value_parser = parse_duration)]
     progress_notify_interval: Duration,
@@ -322,6 +350,16 @@ fn server(args: ServerArgs) -> Result<()> {
                 .with_context(|| format!("listen on {url}"))?;
             listeners.push(listener);
         }
+        let api_listener = if args.secure_port != 0 {
+            let addr = SocketAddr::new(args.bind_address, args.secure_port);
+            Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("listen on {addr} (--secure-port)"))?,
+            )
+        } else {
+            None
+        };
         let mut config = StoreConfig::new(&data_dir);
         config.progress_notify_interval = args.progress_notify_interval;
         let store_exists = data_dir.join(skerry_store::store::DB_FILE_NAME).exists();
@@ -401,6 +439,13 @@ fn server(args: ServerArgs) -> Result<()> {
             },
         );
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut apiserver_task = None;
+        if let Some(listener) = api_listener {
+            apiserver_task = Some(
+                kube::start(&args, &data_dir, store.clone(), listener, stop_rx.clone())
+                    .context("start the Kubernetes API")?,
+            );
+        }
         let mut servers = Vec::new();
         for (url, listener) in args.listen_client_urls.iter().zip(listeners) {
             let mut stop = stop_rx.clone();
@@ -452,6 +497,9 @@ fn server(args: ServerArgs) -> Result<()> {
             }
         }
         drop(api);
+        if let Some(task) = apiserver_task {
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, task).await;
+        }
         if let Some(node) = node {
             // SIGTERM or Ctrl-C: a leader hands over before it goes, so a rolling restart
             // costs no election timeout.

@@ -127,6 +127,7 @@ fn tls_flags_without_https_urls_and_the_reverse_are_refused() {
     let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
         .args([
             "server",
+            "--secure-port=0",
             "--data-dir",
             &dir.path().join("d").display().to_string(),
             "--listen-client-urls",
@@ -139,6 +140,7 @@ fn tls_flags_without_https_urls_and_the_reverse_are_refused() {
     let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
         .args([
             "server",
+            "--secure-port=0",
             "--data-dir",
             &dir.path().join("d").display().to_string(),
             "--listen-client-urls",

@@ -111,6 +111,8 @@ impl Server {
         let url = format!("{scheme}://127.0.0.1:{port}");
         let mut child = Command::new(env!("CARGO_BIN_EXE_skerry"))
             .arg("server")
+            // The etcd-API tests run many servers at once: no Kubernetes API on them.
+            .arg("--secure-port=0")
             .arg("--data-dir")
             .arg(data_dir)
             .arg("--listen-client-urls")

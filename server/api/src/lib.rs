@@ -7,7 +7,17 @@
 //! by it.
 
 pub mod catalogue;
+pub mod defaults;
+pub mod kinds;
+pub mod meta;
+pub mod patch;
+pub mod protobuf;
+pub mod schema;
+pub mod selector;
 pub mod status;
+pub mod strict;
+pub mod table;
+pub mod validation;
 
 pub use catalogue::{RESOURCES, ResourceInfo};
 pub use status::{ApiError, Cause};

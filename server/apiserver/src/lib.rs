@@ -1,1 +1,34 @@
-//! skerry's Kubernetes apiserver.
+//! skerry's Kubernetes apiserver: the Kubernetes API over the store, for the real kubectl.
+//!
+//! # Layout
+//! - [`server`]: TLS + hyper (HTTP/1.1 and HTTP/2), in-flight limits.
+//! - [`handler`]: authenticate ([`auth`]), authorize (RBAC over [`rbac_cache`]), route.
+//! - [`verbs`], [`subresources`], [`watch`]: the generic registry over [`storage`] (the
+//!   store side: paged LIST with the doubling page size, CAS writes) and the per-resource
+//!   [`watch_cache`] (serialize-once fan-out, bookmark buckets, the 3-second wait, WatchList).
+//! - [`discovery`], [`openapi`], [`table`], [`metrics`]: what clients read about the API.
+//! - [`compactor`]: the CAS-elected compactor.
+//!
+//! Start at [`ApiServer::start`] and [`server::serve`].
+
+pub mod admission;
+pub mod auth;
+pub mod compactor;
+pub mod discovery;
+pub mod handler;
+pub mod metrics;
+pub mod openapi;
+pub mod rbac_cache;
+pub mod request;
+pub mod response;
+pub mod server;
+pub mod startup;
+pub mod storage;
+pub mod subresources;
+pub mod table;
+pub mod verbs;
+pub mod watch;
+pub mod watch_cache;
+pub mod yaml;
+
+pub use handler::ApiServer;

@@ -101,7 +101,7 @@ impl Server {
             let peer_url = format!("http://127.0.0.1:{peer_port}");
             let data_dir_arg = data_dir.display().to_string();
             let mut args: Vec<String> = match spec.flavor {
-                Flavor::Skerry => vec!["server".into()],
+                Flavor::Skerry => vec!["server".into(), "--secure-port=0".into()],
                 Flavor::Etcd => Vec::new(),
             };
             args.extend([

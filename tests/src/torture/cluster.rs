@@ -141,7 +141,7 @@ impl Cluster {
     fn args(&self, i: usize) -> Vec<String> {
         let member = &self.members[i];
         let mut args: Vec<String> = match self.target {
-            Target::Skerry => vec!["server".into()],
+            Target::Skerry => vec!["server".into(), "--secure-port=0".into()],
             Target::Etcd => Vec::new(),
         };
         let (initial_cluster, state) = match &self.join[i] {

@@ -1,0 +1,168 @@
+//! Content negotiation and response building: which encoding a client accepts (JSON, the
+//! `as=Table` form kubectl asks for, aggregated discovery, protobuf), and the one place that
+//! turns an [`ApiError`] into a `Status` response.
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
+use serde_json::Value;
+use skerry_api::ApiError;
+
+/// The response body type: a whole buffer, or a stream of frames for watches and logs.
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+pub const JSON: &str = "application/json";
+pub const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+/// A warning per header value, as Kubernetes sends them (code 299, agent "-").
+const WARNING_AGENT: &str = "299 -";
+/// Warnings sent per response; Kubernetes truncates past a total size, a count bound is
+/// simpler and as protective (one line each in kubectl's output).
+pub const WARNINGS_MAX: usize = 100;
+
+/// What the client asked to receive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    Protobuf,
+    /// `application/json;as=Table;v=v1;g=meta.k8s.io` (kubectl get).
+    Table(IncludeObject),
+    /// `as=PartialObjectMetadata(List)`: metadata only.
+    PartialObjectMetadata,
+    /// `as=APIGroupDiscoveryList` (discovery only).
+    AggregatedDiscovery,
+}
+
+/// `includeObject` of a Table request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IncludeObject {
+    None,
+    Metadata,
+    Object,
+}
+
+impl IncludeObject {
+    pub fn parse(value: Option<&str>) -> Result<Self, ApiError> {
+        match value.unwrap_or("") {
+            "" | "Metadata" => Ok(Self::Metadata),
+            "None" => Ok(Self::None),
+            "Object" => Ok(Self::Object),
+            other => Err(ApiError::bad_request(format!(
+                "includeObject must be one of None, Metadata or Object, got {other:?}"
+            ))),
+        }
+    }
+}
+
+/// Picks the first acceptable media range of an `Accept` header, in the client's order
+/// (kubectl lists what it prefers first and JSON last as the fallback).
+pub fn negotiate(accept: Option<&str>, include: IncludeObject) -> Result<Format, ApiError> {
+    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
+        return Ok(Format::Json);
+    };
+    for range in accept.split(',') {
+        let mut parts = range.split(';').map(str::trim);
+        let media = parts.next().unwrap_or("");
+        let mut params = std::collections::HashMap::new();
+        for p in parts {
+            if let Some((k, v)) = p.split_once('=') {
+                params.insert(k.trim(), v.trim());
+            }
+        }
+        let r#as = params.get("as").copied();
+        let g = params.get("g").copied();
+        match (media, r#as) {
+            ("application/json", Some("Table")) if g == Some("meta.k8s.io") => {
+                return Ok(Format::Table(include));
+            }
+            ("application/json", Some("APIGroupDiscoveryList"))
+                if g == Some("apidiscovery.k8s.io") && params.get("v") == Some(&"v2") =>
+            {
+                return Ok(Format::AggregatedDiscovery);
+            }
+            ("application/json", Some("PartialObjectMetadata" | "PartialObjectMetadataList"))
+                if g == Some("meta.k8s.io") =>
+            {
+                return Ok(Format::PartialObjectMetadata);
+            }
+            ("application/json" | "application/*" | "*/*", None) => return Ok(Format::Json),
+            (PROTOBUF, None) => return Ok(Format::Protobuf),
+            _ => {}
+        }
+    }
+    Err(ApiError::not_acceptable(format!(
+        "only the following media types are accepted: application/json, application/vnd.kubernetes.protobuf, application/json;as=Table;v=v1;g=meta.k8s.io (asked for {accept:?})"
+    )))
+}
+
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed_unsync()
+}
+
+/// A JSON response with `code`, carrying `warnings` as `Warning` headers.
+pub fn json(code: u16, value: &Value, warnings: &[String]) -> Response<Body> {
+    let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
+    bytes(code, JSON, body, warnings)
+}
+
+/// A JSON response under another content type (aggregated discovery).
+pub fn json_as(code: u16, value: &Value, content_type: &str) -> Response<Body> {
+    let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
+    bytes(code, content_type, body, &[])
+}
+
+/// A response of pre-encoded bytes.
+pub fn bytes(code: u16, content_type: &str, body: impl Into<Bytes>, warnings: &[String]) -> Response<Body> {
+    let mut response = Response::new(full(body));
+    *response.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
+    if let Ok(v) = HeaderValue::from_str(content_type) {
+        response.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    add_warnings(&mut response, warnings);
+    response
+}
+
+/// Adds `Warning: 299 - "text"` headers.
+pub fn add_warnings(response: &mut Response<Body>, warnings: &[String]) {
+    for w in warnings.iter().take(WARNINGS_MAX) {
+        let escaped = w.replace('\\', "\\\\").replace('"', "\\\"");
+        if let Ok(v) = HeaderValue::from_str(&format!("{WARNING_AGENT} \"{escaped}\"")) {
+            response.headers_mut().append(header::WARNING, v);
+        }
+    }
+}
+
+/// The `Status` response for an error.
+pub fn error(e: &ApiError) -> Response<Body> {
+    let mut response = json(e.code, &e.to_status(), &[]);
+    if let Some(seconds) = e.retry_after_seconds
+        && let Ok(v) = HeaderValue::from_str(&seconds.to_string())
+    {
+        response.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubectl_accept_headers_negotiate() {
+        let get = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
+        assert_eq!(negotiate(Some(get), IncludeObject::Metadata), Ok(Format::Table(IncludeObject::Metadata)));
+        let disco = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
+        assert_eq!(negotiate(Some(disco), IncludeObject::Metadata), Ok(Format::AggregatedDiscovery));
+        assert_eq!(negotiate(Some("application/vnd.kubernetes.protobuf, */*"), IncludeObject::Metadata), Ok(Format::Protobuf));
+        assert_eq!(negotiate(None, IncludeObject::Metadata), Ok(Format::Json));
+        assert_eq!(negotiate(Some("text/html"), IncludeObject::Metadata).map_err(|e| e.code), Err(406));
+    }
+
+    #[test]
+    fn errors_become_status_responses() {
+        let r = error(&ApiError::too_many_requests("slow down", 1));
+        assert_eq!(r.status(), 429);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+}

@@ -1,0 +1,752 @@
+//! The verbs on resources: get, list, watch, create, update, patch, delete and
+//! deletecollection, and the subresources (status, scale, binding, token) — Kubernetes'
+//! generic registry, over the store ([`crate::storage`]) and the watch caches.
+//!
+//! A write is: decode strictly → fill server-owned metadata → default → validate → one
+//! store transaction with the optimistic-concurrency compare (`mod_revision == expected`).
+//! Patches retry that loop on a conflict, as Kubernetes' patcher does, since the client did
+//! not ask for a precondition.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Response;
+use serde_json::{Value, json};
+use skerry_api::catalogue::{self, ResourceInfo};
+use skerry_api::selector::{FieldSelector, LabelSelector};
+use skerry_api::strict::FieldValidation;
+use skerry_api::{ApiError, meta};
+
+use crate::handler::{ApiServer, Request};
+use crate::response::{self, Body, Format, IncludeObject};
+use crate::storage::{self, Filter, ListOptions, ResourceVersionMatch, WriteError};
+use crate::watch_cache::object::CachedObject;
+
+/// Times a patch is retried when the object changed under it (Kubernetes'
+/// `maxRetryWhenPatchConflicts = 5`); past that the client gets the 409.
+const PATCH_CONFLICT_RETRIES_MAX: usize = 5;
+
+/// The finalizer `propagationPolicy=Orphan` sets: the garbage collector orphans dependents
+/// before the object goes.
+pub const FINALIZER_ORPHAN: &str = "orphan";
+/// The finalizer `propagationPolicy=Foreground` sets: dependents go first.
+pub const FINALIZER_FOREGROUND: &str = "foregroundDeletion";
+
+/// Serves one resource request.
+pub async fn serve(server: &Arc<ApiServer>, req: Request) -> Result<Response<Body>, ApiError> {
+    let info = &req.info;
+    let resource = catalogue::lookup(&info.group, &info.version, &info.resource)
+        .ok_or_else(|| ApiError::no_route(&info.path))?;
+    if let Some(sub) = &info.subresource
+        && resource.subresource(sub).is_none()
+    {
+        return Err(ApiError::no_route(&info.path));
+    }
+    if !resource.namespaced && info.namespace.is_some() {
+        return Err(ApiError::no_route(&info.path));
+    }
+    // A namespaced object is reached through its namespace; only list and watch may span
+    // every namespace.
+    if resource.namespaced
+        && info.namespace.is_none()
+        && !matches!(info.verb.as_str(), "list" | "watch")
+    {
+        return Err(ApiError::no_route(&info.path));
+    }
+    let verb_allowed = match &info.subresource {
+        Some(sub) => resource
+            .subresource(sub)
+            .is_some_and(|s| s.verbs.contains(&info.verb.as_str())),
+        None => resource.has_verb(&info.verb),
+    };
+    if !verb_allowed {
+        return Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({})",
+            info.path
+        )));
+    }
+    match (info.verb.as_str(), info.subresource.as_deref()) {
+        ("get", None | Some("status")) => get(server, resource, &req).await,
+        ("get", Some("scale")) => crate::subresources::get_scale(server, resource, &req).await,
+        ("list", None) => list(server, resource, &req).await,
+        ("watch", None) => crate::watch::serve(server, resource, &req).await,
+        ("create", None) if resource.resource == "selfsubjectaccessreviews" => {
+            crate::subresources::self_subject_access_review(server, &req)
+        }
+        ("create", None) => create(server, resource, &req).await,
+        ("create", Some("binding")) => crate::subresources::bind(server, resource, &req).await,
+        ("create", Some("token")) => crate::subresources::token(server, resource, &req).await,
+        ("update", None | Some("status") | Some("finalize")) => update(server, resource, &req).await,
+        ("update", Some("scale")) => crate::subresources::update_scale(server, resource, &req).await,
+        ("patch", None | Some("status")) => patch(server, resource, &req).await,
+        ("patch", Some("scale")) => crate::subresources::patch_scale(server, resource, &req).await,
+        ("delete", None) => delete(server, resource, &req).await,
+        ("deletecollection", None) => delete_collection(server, resource, &req).await,
+        _ => Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({})",
+            info.path
+        ))),
+    }
+}
+
+pub(crate) fn name_of(req: &Request) -> Result<&str, ApiError> {
+    req.info
+        .name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::bad_request("a name is required"))
+}
+
+/// Reads the current object, linearizably unless `resourceVersion=0` lets the cache answer.
+pub async fn current(
+    server: &ApiServer,
+    resource: &ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<CachedObject, ApiError> {
+    storage::get(&server.store, resource, namespace, name)
+        .await?
+        .ok_or_else(|| ApiError::not_found(resource.group, resource.resource, name))
+}
+
+async fn get(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+    let name = name_of(req)?;
+    let format = req.format()?;
+    let namespace = req.info.namespace.as_deref();
+    let object = match req.param("resourceVersion") {
+        Some("0") => match server.caches.get(resource.resource) {
+            Some(cache) => cache
+                .get(namespace, name)
+                .ok_or_else(|| ApiError::not_found(resource.group, resource.resource, name))?,
+            None => current(server, resource, namespace, name).await?,
+        },
+        _ => current(server, resource, namespace, name).await?,
+    };
+    Ok(object_response(resource, 200, &object, format, &[]))
+}
+
+/// One object in the asked format.
+pub fn object_response(
+    resource: &ResourceInfo,
+    code: u16,
+    object: &CachedObject,
+    format: Format,
+    warnings: &[String],
+) -> Response<Body> {
+    match format {
+        Format::Table(include) => {
+            let rv = object.resource_version().to_string();
+            let table = crate::table::table(resource, std::slice::from_ref(object), include, &rv, None, None);
+            response::json(code, &table, warnings)
+        }
+        Format::PartialObjectMetadata => {
+            response::json(code, &crate::table::partial_metadata(object.value()), warnings)
+        }
+        Format::Protobuf => match skerry_api::protobuf::encode(&resource.api_version(), resource.kind, object.value()) {
+            Ok(bytes) => response::bytes(code, response::PROTOBUF, bytes, warnings),
+            Err(e) => response::error(&ApiError::internal(format!("encoding protobuf: {e}"))),
+        },
+        _ => response::bytes(code, response::JSON, object.json(), warnings),
+    }
+}
+
+/// The LIST options of a request.
+pub fn list_options(req: &Request) -> Result<ListOptions, ApiError> {
+    let resource_version = match req.param("resourceVersion") {
+        None | Some("") => None,
+        Some(rv) => Some(rv.parse::<i64>().ok().filter(|v| *v >= 0).ok_or_else(|| {
+            ApiError::bad_request(format!("invalid resource version: {rv:?}"))
+        })?),
+    };
+    let resource_version_match = match req.param("resourceVersionMatch") {
+        None | Some("") => None,
+        Some("NotOlderThan") => Some(ResourceVersionMatch::NotOlderThan),
+        Some("Exact") => Some(ResourceVersionMatch::Exact),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "resourceVersionMatch: Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\""
+            )));
+        }
+    };
+    if resource_version_match.is_some() && resource_version.is_none() {
+        return Err(ApiError::bad_request(
+            "resourceVersionMatch is forbidden unless resourceVersion is provided",
+        ));
+    }
+    let limit = match req.param("limit") {
+        None | Some("") => None,
+        Some(l) => Some(
+            l.parse::<i64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid limit: {l:?}")))?,
+        ),
+    };
+    let continue_token = req.param("continue").filter(|c| !c.is_empty()).map(str::to_string);
+    Ok(ListOptions {
+        resource_version,
+        resource_version_match,
+        limit,
+        continue_token,
+        namespace: req.info.namespace.clone(),
+    })
+}
+
+/// The filter of a request's label and field selectors, or `None` when it selects all.
+pub fn filter_of(resource: &ResourceInfo, req: &Request) -> Result<Option<Filter>, ApiError> {
+    let labels = LabelSelector::parse(req.param("labelSelector").unwrap_or(""))?;
+    let fields = FieldSelector::parse(req.param("fieldSelector").unwrap_or(""), resource.resource)?;
+    if labels.is_empty() && fields.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(move |o: &CachedObject| {
+        labels.matches_object(o.value()) && fields.matches(o.value())
+    })))
+}
+
+async fn list(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+    let opts = list_options(req)?;
+    let filter = filter_of(resource, req)?;
+    let format = req.format()?;
+    let cache = server.caches.get(resource.resource);
+    // Kubernetes serves a LIST from the watch cache when the client accepts any state at
+    // least as new as a version (`resourceVersion=0` or NotOlderThan without a continue),
+    // and from the store (consistently) otherwise.
+    let from_cache = opts.continue_token.is_none()
+        && match (opts.resource_version, opts.resource_version_match) {
+            (Some(0), _) => true,
+            (Some(_), Some(ResourceVersionMatch::NotOlderThan)) => true,
+            (Some(_), None) => opts.page_limit().is_none(),
+            _ => false,
+        };
+    let list = match cache {
+        Some(cache) if from_cache => cache.list(&opts, filter).await?,
+        _ => storage::list(&server.store, resource, &opts, filter.as_ref()).await?,
+    };
+    Ok(list_response(resource, &list, format))
+}
+
+/// A list in the asked format.
+pub fn list_response(resource: &ResourceInfo, list: &storage::CachedList, format: Format) -> Response<Body> {
+    let rv = list.resource_version.to_string();
+    match format {
+        Format::Table(include) => {
+            let table = crate::table::table(
+                resource,
+                &list.items,
+                include,
+                &rv,
+                list.continue_token.as_deref(),
+                list.remaining_item_count,
+            );
+            response::json(200, &table, &[])
+        }
+        Format::Protobuf => {
+            let mut items = Vec::with_capacity(list.items.len());
+            for o in &list.items {
+                items.push(o.value().clone());
+            }
+            let value = list_value(resource, items, &rv, list);
+            match skerry_api::protobuf::encode(&resource.api_version(), resource.list_kind, &value) {
+                Ok(bytes) => response::bytes(200, response::PROTOBUF, bytes, &[]),
+                Err(e) => response::error(&ApiError::internal(format!("encoding protobuf: {e}"))),
+            }
+        }
+        Format::PartialObjectMetadata => {
+            let items = list.items.iter().map(|o| crate::table::partial_metadata(o.value())).collect();
+            let mut value = list_value(resource, items, &rv, list);
+            value["kind"] = json!("PartialObjectMetadataList");
+            value["apiVersion"] = json!("meta.k8s.io/v1");
+            response::json(200, &value, &[])
+        }
+        _ => {
+            // The items are spliced in as their memoized JSON: a LIST from the cache
+            // serializes no object that a watcher already caused to be serialized.
+            let mut head = list_value(resource, Vec::new(), &rv, list);
+            head.as_object_mut().map(|o| o.remove("items"));
+            let mut out = serde_json::to_vec(&head).unwrap_or_default();
+            out.pop(); // the closing brace
+            out.extend_from_slice(b",\"items\":[");
+            for (i, o) in list.items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&o.json());
+            }
+            out.extend_from_slice(b"]}");
+            response::bytes(200, response::JSON, Bytes::from(out), &[])
+        }
+    }
+}
+
+fn list_value(resource: &ResourceInfo, items: Vec<Value>, rv: &str, list: &storage::CachedList) -> Value {
+    let mut metadata = json!({"resourceVersion": rv});
+    if let Some(c) = &list.continue_token {
+        metadata["continue"] = json!(c);
+    }
+    if let Some(n) = list.remaining_item_count {
+        metadata["remainingItemCount"] = json!(n);
+    }
+    json!({
+        "kind": resource.list_kind,
+        "apiVersion": resource.api_version(),
+        "metadata": metadata,
+        "items": items,
+    })
+}
+
+/// Decodes a create/update body (JSON or protobuf) strictly into the resource's type.
+pub fn decode_body(resource: &ResourceInfo, req: &Request) -> Result<(Value, Vec<String>), ApiError> {
+    let validation = FieldValidation::parse(req.param("fieldValidation"))?;
+    let content_type = req.content_type();
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    let decoded = match media {
+        "application/json" | "" => skerry_api::kinds::decode_body(resource, &req.body, validation)?,
+        response::PROTOBUF => {
+            let (type_meta, value) = skerry_api::protobuf::decode(&req.body)
+                .map_err(|e| ApiError::bad_request(format!("error decoding protobuf body: {e}")))?;
+            if type_meta.kind != resource.kind || type_meta.api_version != resource.api_version() {
+                return Err(ApiError::bad_request(format!(
+                    "the body is a {} {}, expected {} {}",
+                    type_meta.api_version, type_meta.kind, resource.api_version(), resource.kind
+                )));
+            }
+            skerry_api::kinds::decode_value(resource, value, validation)?
+        }
+        "application/yaml" => {
+            let value = crate::yaml::to_json(&req.body)?;
+            let bytes = serde_json::to_vec(&value).unwrap_or_default();
+            skerry_api::kinds::decode_body(resource, &bytes, validation)?
+        }
+        other => return Err(ApiError::unsupported_media_type(other)),
+    };
+    Ok((decoded.object, decoded.warnings))
+}
+
+/// Refuses writes into a namespace that does not exist or is being deleted (Kubernetes'
+/// NamespaceLifecycle admission).
+async fn admit_namespace(server: &ApiServer, resource: &ResourceInfo, namespace: Option<&str>) -> Result<(), ApiError> {
+    let Some(ns) = namespace.filter(|_| resource.namespaced) else {
+        return Ok(());
+    };
+    let namespaces = catalogue::lookup("", "v1", "namespaces").expect("namespaces are served");
+    let found = match server.caches.get("namespaces").and_then(|c| c.get(None, ns)) {
+        Some(o) => Some(o),
+        None => storage::get(&server.store, namespaces, None, ns).await?,
+    };
+    match found {
+        None => Err(ApiError::not_found("", "namespaces", ns)),
+        Some(o) if o.value().pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null()) => {
+            Err(ApiError::forbidden(format!(
+                "unable to create new content in namespace {ns} because it is being terminated"
+            )))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+fn invalid(resource: &ResourceInfo, name: &str, causes: Vec<skerry_api::Cause>) -> Result<(), ApiError> {
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(resource.group, resource.kind, name, causes))
+    }
+}
+
+async fn create(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+    let (mut object, warnings) = decode_body(resource, req)?;
+    let namespace = req.info.namespace.as_deref();
+    meta::prepare_create(resource, &mut object, namespace)?;
+    skerry_api::defaults::apply_defaults(resource, &mut object);
+    let name = meta::name(&object).to_string();
+    invalid(resource, &name, skerry_api::validation::validate_create(resource, &object))?;
+    admit_namespace(server, resource, namespace).await?;
+    crate::admission::admit_create(server, resource, &mut object, &req.user).await?;
+    {
+        let now = meta::now();
+        let manager = field_manager_of(resource, req, "create", &now)?;
+        skerry_api::patch::record_update(&manager, None, &mut object);
+    }
+    let format = req.format()?;
+    if req.dry_run()? {
+        return Ok(object_response(resource, 201, &CachedObject::new(object, None), format, &warnings));
+    }
+    let stored = storage::create(&server.store, resource, namespace, &name, object)
+        .await
+        .map_err(|e| e.into_api_error(resource, &name))?;
+    Ok(object_response(resource, 201, &CachedObject::new(stored, None), format, &warnings))
+}
+
+/// The `fieldManager` of a write, or the default Kubernetes derives from the user agent
+/// (`kubectl-create`, ...); validated as Kubernetes does (at most 128 characters).
+fn field_manager<'a>(req: &'a Request, fallback: &'a str) -> Result<&'a str, ApiError> {
+    match req.param("fieldManager") {
+        Some(m) if m.chars().count() > FIELD_MANAGER_LEN_MAX => Err(ApiError::bad_request(format!(
+            "fieldManager: Too long: may not be more than {FIELD_MANAGER_LEN_MAX} bytes"
+        ))),
+        Some(m) if !m.is_empty() => Ok(m),
+        _ => Ok(req
+            .headers
+            .get(http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|ua| ua.split('/').next())
+            .filter(|s| !s.is_empty())
+            .unwrap_or(fallback)),
+    }
+}
+
+/// The field manager of a write, for `managedFields`.
+fn field_manager_of<'a>(
+    resource: &'a ResourceInfo,
+    req: &'a Request,
+    fallback: &'a str,
+    now: &'a str,
+) -> Result<skerry_api::patch::FieldManager<'a>, ApiError> {
+    Ok(skerry_api::patch::FieldManager {
+        schema: &skerry_api::patch::BuiltinSchema,
+        definition: resource.definition,
+        manager: field_manager(req, fallback)?,
+        subresource: req.info.subresource.as_deref().unwrap_or(""),
+        now,
+    })
+}
+
+/// Kubernetes' limit on `fieldManager` (`validation.FieldManagerMaxLength`).
+const FIELD_MANAGER_LEN_MAX: usize = 128;
+
+/// Stores `new` over `old` (the object read at `old`'s resourceVersion), finishing a deletion
+/// when the last finalizer of a deleted object goes. Returns the stored object, or the
+/// conflict for the caller to retry.
+pub(crate) async fn write_update(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    req: &Request,
+    old: &CachedObject,
+    mut new: Value,
+) -> Result<Value, WriteError> {
+    let namespace = req.info.namespace.as_deref();
+    let name = old.name().to_string();
+    meta::prepare_update(resource, old.value(), &mut new, req.info.subresource.as_deref());
+    if req.info.subresource.is_none() {
+        skerry_api::defaults::apply_defaults(resource, &mut new);
+    }
+    invalid(resource, &name, skerry_api::validation::validate_update(resource, old.value(), &new))?;
+    crate::admission::admit_update(server, resource, old.value(), &mut new, &req.user).await?;
+    {
+        let now = meta::now();
+        let manager = field_manager_of(resource, req, "update", &now)?;
+        skerry_api::patch::record_update(&manager, Some(old.value()), &mut new);
+    }
+    let deleting = new.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null());
+    let finalizers_left = new
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty());
+    if req.dry_run()? {
+        return Ok(new);
+    }
+    if deleting && !finalizers_left {
+        return storage::delete(&server.store, resource, namespace, &name, Some(old.resource_version())).await;
+    }
+    storage::update(&server.store, resource, namespace, &name, new, old.resource_version()).await
+}
+
+async fn update(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+    let name = name_of(req)?;
+    let namespace = req.info.namespace.as_deref();
+    let (new, warnings) = decode_body(resource, req)?;
+    if meta::name(&new) != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            meta::name(&new)
+        )));
+    }
+    if let Some(ns) = meta::namespace(&new)
+        && resource.namespaced
+        && !ns.is_empty()
+        && Some(ns) != namespace
+    {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    let old = current(server, resource, namespace, name).await?;
+    // An update that names a resourceVersion is conditional on it; one that does not is
+    // unconditional (Kubernetes' AllowUnconditionalUpdate, true for every served kind).
+    if let Some(rv) = new.pointer("/metadata/resourceVersion").and_then(Value::as_str)
+        && !rv.is_empty()
+        && rv != old.resource_version().to_string()
+    {
+        return Err(ApiError::conflict(resource.group, resource.resource, name, storage::CONFLICT_MESSAGE));
+    }
+    let format = req.format()?;
+    let stored = write_update(server, resource, req, &old, new)
+        .await
+        .map_err(|e| e.into_api_error(resource, name))?;
+    Ok(object_response(resource, 200, &CachedObject::new(stored, None), format, &warnings))
+}
+
+async fn patch(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+    let name = name_of(req)?;
+    let namespace = req.info.namespace.as_deref();
+    let patch_type = skerry_api::patch::PatchType::from_content_type(req.content_type())
+        .ok_or_else(|| ApiError::unsupported_media_type(req.content_type()))?;
+    let validation = FieldValidation::parse(req.param("fieldValidation"))?;
+    let format = req.format()?;
+    let is_apply = patch_type == skerry_api::patch::PatchType::Apply;
+    let force = match req.param("force") {
+        None | Some("") | Some("false") => false,
+        Some("true") => true,
+        Some(other) => return Err(ApiError::bad_request(format!("invalid force: {other:?}"))),
+    };
+    if force && !is_apply {
+        return Err(ApiError::bad_request("force: Forbidden: may not be specified for non-apply patch"));
+    }
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let old = match current(server, resource, namespace, name).await {
+            Ok(o) => Some(o),
+            Err(e) if e.code == 404 && is_apply => None,
+            Err(e) => return Err(e),
+        };
+        let patched = if is_apply {
+            let manager = req
+                .param("fieldManager")
+                .filter(|m| !m.is_empty())
+                .ok_or_else(|| ApiError::bad_request("PATCH, application/apply-patch+yaml requests require fieldManager"))?;
+            let applied = crate::yaml::to_json(&req.body)?;
+            let now = meta::now();
+            let field_manager = skerry_api::patch::FieldManager {
+                schema: &skerry_api::patch::BuiltinSchema,
+                definition: resource.definition,
+                manager,
+                subresource: req.info.subresource.as_deref().unwrap_or(""),
+                now: &now,
+            };
+            skerry_api::patch::server_side_apply(&field_manager, old.as_ref().map(|o| o.value()), &applied, force)?
+        } else {
+            let old = old.as_ref().expect("non-apply patches return 404 above");
+            skerry_api::patch::apply_patch(
+                patch_type,
+                old.value(),
+                &req.body,
+                &skerry_api::patch::BuiltinSchema,
+                resource.definition,
+            )?
+        };
+        // The patched object passes the same strict check a body would.
+        let decoded = skerry_api::kinds::decode_value(resource, patched, validation)?;
+        let result = match &old {
+            Some(old) => write_update(server, resource, req, old, decoded.object).await,
+            None => {
+                // Server-side apply creates what does not exist.
+                let mut object = decoded.object;
+                meta::prepare_create(resource, &mut object, namespace)?;
+                skerry_api::defaults::apply_defaults(resource, &mut object);
+                invalid(resource, name, skerry_api::validation::validate_create(resource, &object))?;
+                admit_namespace(server, resource, namespace).await?;
+                if req.dry_run()? {
+                    Ok(object)
+                } else {
+                    storage::create(&server.store, resource, namespace, name, object).await
+                }
+            }
+        };
+        match result {
+            Ok(stored) => {
+                let code = if old.is_none() { 201 } else { 200 };
+                return Ok(object_response(resource, code, &CachedObject::new(stored, None), format, &decoded.warnings));
+            }
+            Err(WriteError::Conflict { .. } | WriteError::AlreadyExists) if attempt <= PATCH_CONFLICT_RETRIES_MAX => continue,
+            Err(e) => return Err(e.into_api_error(resource, name)),
+        }
+    }
+}
+
+/// DeleteOptions from the body or the query.
+fn delete_options(req: &Request) -> Result<Value, ApiError> {
+    let mut options = if req.body.is_empty() {
+        json!({})
+    } else {
+        skerry_api::kinds::decode_definition(
+            "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions",
+            &req.body,
+            FieldValidation::Ignore,
+            ("v1", "DeleteOptions"),
+        )?
+        .object
+    };
+    if let Some(p) = req.param("propagationPolicy") {
+        options["propagationPolicy"] = json!(p);
+    }
+    if let Some(g) = req.param("gracePeriodSeconds") {
+        let g: i64 = g
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid gracePeriodSeconds: {g:?}")))?;
+        options["gracePeriodSeconds"] = json!(g);
+    }
+    if let Some(o) = req.param("orphanDependents") {
+        options["orphanDependents"] = json!(o == "true");
+    }
+    Ok(options)
+}
+
+/// The finalizer the propagation policy adds, if any (Kubernetes' `deletionFinalizersForGarbageCollection`).
+fn propagation_finalizer(resource: &ResourceInfo, options: &Value) -> Result<Option<&'static str>, ApiError> {
+    let policy = options.get("propagationPolicy").and_then(Value::as_str);
+    let orphan = options.get("orphanDependents").and_then(Value::as_bool);
+    match (policy, orphan) {
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "orphanDependents and propagationPolicy cannot both be set",
+        )),
+        (Some("Orphan"), _) | (None, Some(true)) => Ok(Some(FINALIZER_ORPHAN)),
+        (Some("Foreground"), _) => Ok(Some(FINALIZER_FOREGROUND)),
+        (Some("Background"), _) | (None, _) => {
+            // Kubernetes orphans by default for a few old kinds only; every served kind
+            // deletes dependents in the background.
+            let _ = resource;
+            Ok(None)
+        }
+        (Some(other), _) => Err(ApiError::bad_request(format!(
+            "propagationPolicy: Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+        ))),
+    }
+}
+
+/// Deletes one object: preconditions, then either a graceful deletion (pods on a node),
+/// a deletion that waits on finalizers (the object gets `deletionTimestamp` and stays), or
+/// the removal itself.
+pub async fn delete_one(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    req: &Request,
+    old: CachedObject,
+    options: &Value,
+) -> Result<(u16, Value), ApiError> {
+    let namespace = req.info.namespace.as_deref().or(old.namespace()).map(str::to_string);
+    let name = old.name().to_string();
+    if let Some(uid) = options.pointer("/preconditions/uid").and_then(Value::as_str)
+        && old.value().pointer("/metadata/uid").and_then(Value::as_str) != Some(uid)
+    {
+        return Err(ApiError::conflict(
+            resource.group,
+            resource.resource,
+            &name,
+            &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                old.value().pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("")),
+        ));
+    }
+    if let Some(rv) = options.pointer("/preconditions/resourceVersion").and_then(Value::as_str)
+        && rv != old.resource_version().to_string()
+    {
+        return Err(ApiError::conflict(
+            resource.group,
+            resource.resource,
+            &name,
+            &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}", old.resource_version()),
+        ));
+    }
+    let mut object = old.value().clone();
+    let mut finalizers: Vec<String> = object
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    if let Some(f) = propagation_finalizer(resource, options)?
+        && !finalizers.iter().any(|x| x == f)
+    {
+        finalizers.push(f.to_string());
+    }
+    let already_deleting = object.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null());
+    let grace = graceful_period(resource, &object, options);
+    let dry_run = req.dry_run()?;
+    if !finalizers.is_empty() || grace.is_some_and(|g| g > 0) || resource.resource == "namespaces" {
+        // Mark, do not remove: finalizers (or the kubelet, or the namespace controller)
+        // finish the deletion.
+        if already_deleting && grace.is_none_or(|g| g > 0) {
+            return Ok((200, old.value().clone()));
+        }
+        let meta = object["metadata"].as_object_mut().ok_or_else(|| ApiError::internal("object without metadata"))?;
+        meta.insert("deletionTimestamp".into(), json!(meta::now()));
+        meta.insert("deletionGracePeriodSeconds".into(), json!(grace.unwrap_or(0)));
+        meta.insert("finalizers".into(), json!(finalizers));
+        if resource.resource == "namespaces" {
+            object["status"]["phase"] = json!("Terminating");
+        }
+        if dry_run {
+            return Ok((202, object));
+        }
+        let stored = storage::update(&server.store, resource, namespace.as_deref(), &name, object, old.resource_version())
+            .await
+            .map_err(|e| e.into_api_error(resource, &name))?;
+        return Ok((202, stored));
+    }
+    if dry_run {
+        return Ok((200, object));
+    }
+    let deleted = storage::delete(&server.store, resource, namespace.as_deref(), &name, Some(old.resource_version()))
+        .await
+        .map_err(|e| e.into_api_error(resource, &name))?;
+    Ok((200, deleted))
+}
+
+/// The grace period of a deletion: only pods bound to a node wait for their kubelet
+/// (Kubernetes deletes unscheduled pods at once); `None` for every other kind.
+fn graceful_period(resource: &ResourceInfo, object: &Value, options: &Value) -> Option<i64> {
+    if resource.resource != "pods" {
+        return None;
+    }
+    let bound = object.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+    let terminal = matches!(object.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"));
+    if !bound || terminal {
+        return Some(0);
+    }
+    let requested = options.get("gracePeriodSeconds").and_then(Value::as_i64);
+    let spec = object.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64);
+    Some(requested.or(spec).unwrap_or(DEFAULT_TERMINATION_GRACE_SECONDS).max(0))
+}
+
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+const DEFAULT_TERMINATION_GRACE_SECONDS: i64 = 30;
+
+async fn delete(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+    let name = name_of(req)?;
+    let options = delete_options(req)?;
+    let old = current(server, resource, req.info.namespace.as_deref(), name).await?;
+    let format = req.format()?;
+    let (code, object) = delete_one(server, resource, req, old, &options).await?;
+    Ok(object_response(resource, code, &CachedObject::new(object, None), format, &[]))
+}
+
+async fn delete_collection(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+    let options = delete_options(req)?;
+    let mut opts = list_options(req)?;
+    opts.limit = None;
+    opts.continue_token = None;
+    let filter = filter_of(resource, req)?;
+    let list = storage::list(&server.store, resource, &opts, filter.as_ref()).await?;
+    let mut deleted = Vec::with_capacity(list.items.len());
+    for item in list.items {
+        match delete_one(server, resource, req, item, &options).await {
+            Ok((_, object)) => deleted.push(object),
+            // Someone else deleted it first: the collection is still gone.
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let value = json!({
+        "kind": resource.list_kind,
+        "apiVersion": resource.api_version(),
+        "metadata": {"resourceVersion": list.resource_version.to_string()},
+        "items": deleted,
+    });
+    Ok(response::json(200, &value, &[]))
+}
+
+/// What `IncludeObject` a Table row carries.
+pub fn include_object(include: IncludeObject, object: &CachedObject) -> Value {
+    match include {
+        IncludeObject::None => Value::Null,
+        IncludeObject::Metadata => crate::table::partial_metadata(object.value()),
+        IncludeObject::Object => object.value().clone(),
+    }
+}
