@@ -131,9 +131,9 @@ pub fn schema(value: &Value, path: &str) -> Result<pb::Schema, BuildError> {
             "additionalProperties" => {
                 let oneof = match v {
                     Value::Bool(b) => pb::additional_properties_item::Oneof::Boolean(*b),
-                    other => pb::additional_properties_item::Oneof::Schema(Box::new(schema(
-                        other, &at,
-                    )?)),
+                    other => {
+                        pb::additional_properties_item::Oneof::Schema(Box::new(schema(other, &at)?))
+                    }
                 };
                 s.additional_properties = Some(Box::new(pb::AdditionalPropertiesItem {
                     oneof: Some(oneof),
@@ -161,7 +161,10 @@ pub fn schema(value: &Value, path: &str) -> Result<pb::Schema, BuildError> {
             }
             x if x.starts_with("x-") => s.vendor_extension.push(extension(x, v)),
             other => {
-                return Err(unencodable(path, format!("keyword {other:?} has no v2 field")));
+                return Err(unencodable(
+                    path,
+                    format!("keyword {other:?} has no v2 field"),
+                ));
             }
         }
     }
@@ -194,7 +197,12 @@ fn parameter(value: &Value, path: &str) -> Result<pb::ParametersItem, BuildError
                 "required" => body.required = boolean(v, &at)?,
                 "schema" => body.schema = Some(schema(v, &at)?),
                 x if x.starts_with("x-") => body.vendor_extension.push(extension(x, v)),
-                other => return Err(unencodable(&at, format!("unknown body parameter field {other:?}"))),
+                other => {
+                    return Err(unencodable(
+                        &at,
+                        format!("unknown body parameter field {other:?}"),
+                    ));
+                }
             }
         }
         pb::parameter::Oneof::BodyParameter(body)
@@ -215,12 +223,17 @@ fn parameter(value: &Value, path: &str) -> Result<pb::ParametersItem, BuildError
                 "required" => p.required = boolean(v, &at)?,
                 "type" => p.r#type = string(v, &at)?,
                 "uniqueItems" => p.unique_items = boolean(v, &at)?,
-                other => return Err(unencodable(&at, format!("unknown parameter field {other:?}"))),
+                other => {
+                    return Err(unencodable(
+                        &at,
+                        format!("unknown parameter field {other:?}"),
+                    ));
+                }
             }
         }
         let sub = match location {
-            "path" => pb::non_body_parameter::Oneof::PathParameterSubSchema(
-                pb::PathParameterSubSchema {
+            "path" => {
+                pb::non_body_parameter::Oneof::PathParameterSubSchema(pb::PathParameterSubSchema {
                     required: p.required,
                     r#in: location.to_string(),
                     description: p.description,
@@ -228,8 +241,8 @@ fn parameter(value: &Value, path: &str) -> Result<pb::ParametersItem, BuildError
                     r#type: p.r#type,
                     unique_items: p.unique_items,
                     ..Default::default()
-                },
-            ),
+                })
+            }
             "query" => pb::non_body_parameter::Oneof::QueryParameterSubSchema(
                 pb::QueryParameterSubSchema {
                     required: p.required,
@@ -265,7 +278,12 @@ fn responses(value: &Value, path: &str) -> Result<pb::Responses, BuildError> {
                         oneof: Some(pb::schema_item::Oneof::Schema(schema(v, &at)?)),
                     });
                 }
-                other => return Err(unencodable(&at, format!("unknown response field {other:?}"))),
+                other => {
+                    return Err(unencodable(
+                        &at,
+                        format!("unknown response field {other:?}"),
+                    ));
+                }
             }
         }
         out.response_code.push(pb::NamedResponseValue {
@@ -301,7 +319,12 @@ fn operation(value: &Value, path: &str) -> Result<pb::Operation, BuildError> {
             }
             "responses" => op.responses = Some(responses(v, &at)?),
             x if x.starts_with("x-") => op.vendor_extension.push(extension(x, v)),
-            other => return Err(unencodable(&at, format!("unknown operation field {other:?}"))),
+            other => {
+                return Err(unencodable(
+                    &at,
+                    format!("unknown operation field {other:?}"),
+                ));
+            }
         }
     }
     Ok(op)
@@ -419,7 +442,12 @@ pub fn document(value: &Value) -> Result<pb::Document, BuildError> {
                     doc.security.push(r);
                 }
             }
-            other => return Err(unencodable(&at, format!("unknown document field {other:?}"))),
+            other => {
+                return Err(unencodable(
+                    &at,
+                    format!("unknown document field {other:?}"),
+                ));
+            }
         }
     }
     Ok(doc)
@@ -476,7 +504,10 @@ pub fn schema_to_json(s: &pb::Schema) -> Value {
         out.insert("additionalProperties".into(), value);
     }
     if !s.all_of.is_empty() {
-        out.insert("allOf".into(), s.all_of.iter().map(schema_to_json).collect());
+        out.insert(
+            "allOf".into(),
+            s.all_of.iter().map(schema_to_json).collect(),
+        );
     }
     if let Some(properties) = &s.properties {
         let map: Map<String, Value> = properties

@@ -3,8 +3,8 @@
 //! client-side apply's strategic merge patches from the `/openapi/v3` group-version documents
 //! (falling back to v2), and `kubectl explain` reads v3.
 //!
-//! - [`spec`] builds the documents as JSON from k8s-openapi's schemas and the catalogue.
-//! - [`gnostic`] translates the v2 document to the protobuf kubectl asks for.
+//! - `spec` builds the documents as JSON from k8s-openapi's schemas and the catalogue.
+//! - `gnostic` translates the v2 document to the protobuf kubectl asks for.
 //!
 //! Seed trick (section 2, "Serialize Once, Deliver to a Thousand Watchers"), applied to the
 //! largest answers the apiserver gives: each document is built and encoded once per process,
@@ -93,7 +93,8 @@ impl Documents {
             let Some(document) = spec::v3_document(&definitions, &group_version) else {
                 continue;
             };
-            let encoded = Encoded::new(serde_json::to_vec(&document).map_err(BuildError::Serialize)?);
+            let encoded =
+                Encoded::new(serde_json::to_vec(&document).map_err(BuildError::Serialize)?);
             index.insert(
                 group_version.clone(),
                 serde_json::json!({
@@ -151,7 +152,10 @@ struct MediaRange<'a> {
 /// (goautoneg's order, which kube-openapi uses), otherwise in the client's order. Ranges with
 /// `q=0` are refusals and left out; no header is `*/*`.
 fn media_ranges(accept: Option<&str>) -> Vec<MediaRange<'_>> {
-    let accept = accept.map(str::trim).filter(|a| !a.is_empty()).unwrap_or("*/*");
+    let accept = accept
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .unwrap_or("*/*");
     let mut ranges: Vec<MediaRange> = accept
         .split(',')
         .filter_map(|range| {

@@ -36,6 +36,7 @@ pub const V2_REF_PREFIX: &str = "#/definitions/";
 /// How an OpenAPI 3.0 reference to a schema component begins.
 pub const V3_REF_PREFIX: &str = "#/components/schemas/";
 
+// Definition names of the meta types that operations and documents name directly.
 const STATUS: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.Status";
 const DELETE_OPTIONS: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions";
 const PATCH: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.Patch";
@@ -72,12 +73,16 @@ const PATCH_TYPES: &[&str] = &[
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
+    /// A `$ref` names a definition the document does not have.
     #[error("{referrer} refers to {target}, which is not a definition")]
     DanglingReference { referrer: String, target: String },
+    /// A catalogue kind (or subresource kind) has no schema among the registered types.
     #[error("served kind {0} has no generated schema")]
     MissingDefinition(String),
+    /// The v2 document holds something gnostic's protobuf has no field for.
     #[error("schema at {path} cannot be encoded as a gnostic protobuf: {reason}")]
     Unencodable { path: String, reason: String },
+    /// A document failed to serialize as JSON.
     #[error("failed to serialize the document")]
     Serialize(#[source] serde_json::Error),
 }
@@ -85,6 +90,7 @@ pub enum BuildError {
 /// A group, version and kind as the `x-kubernetes-group-version-kind` extension spells it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Gvk {
+    /// `""` for the core group.
     pub group: String,
     pub version: String,
     pub kind: String,
@@ -177,6 +183,7 @@ fn subresource_gvk(resource: &ResourceInfo, sub: &Subresource) -> Gvk {
 
 /// The definitions of every served type, annotated, in Swagger 2.0 form.
 pub struct Definitions {
+    /// Definition name (`io.k8s.api.core.v1.Pod`) to schema, references in v2 form.
     pub schemas: Map<String, Value>,
 }
 
@@ -192,7 +199,10 @@ impl Definitions {
             if !schemas.contains_key(r.definition) {
                 return Err(BuildError::MissingDefinition(r.definition.to_string()));
             }
-            add_gvk(r.definition.to_string(), Gvk::new(r.group, r.version, r.kind));
+            add_gvk(
+                r.definition.to_string(),
+                Gvk::new(r.group, r.version, r.kind),
+            );
             if r.has_verb("list") {
                 let list = list_schema(r, &schemas);
                 schemas.insert(format!("{}List", r.definition), list);
@@ -211,8 +221,14 @@ impl Definitions {
             }
             // Every group-version's DELETE takes DeleteOptions and its watch sends WatchEvents
             // (Kubernetes lists each group-version on these two).
-            add_gvk(DELETE_OPTIONS.to_string(), Gvk::new(r.group, r.version, "DeleteOptions"));
-            add_gvk(WATCH_EVENT.to_string(), Gvk::new(r.group, r.version, "WatchEvent"));
+            add_gvk(
+                DELETE_OPTIONS.to_string(),
+                Gvk::new(r.group, r.version, "DeleteOptions"),
+            );
+            add_gvk(
+                WATCH_EVENT.to_string(),
+                Gvk::new(r.group, r.version, "WatchEvent"),
+            );
         }
         add_gvk(STATUS.to_string(), Gvk::new("", "v1", "Status"));
 
@@ -293,7 +309,10 @@ fn add_field_extensions(definition: &str, object: &mut Map<String, Value>) {
             continue;
         };
         if !field.list_map_keys().is_empty() {
-            property.insert("x-kubernetes-list-map-keys".into(), json!(field.list_map_keys()));
+            property.insert(
+                "x-kubernetes-list-map-keys".into(),
+                json!(field.list_map_keys()),
+            );
         }
         if let Some(list_type) = field.list_type() {
             property.insert("x-kubernetes-list-type".into(), json!(list_type));
@@ -434,11 +453,17 @@ fn to_v3_schema(schema: &mut Value) {
 fn v3_scalar_fixups(schemas: &mut Map<String, Value>) {
     if let Some(Value::Object(quantity)) = schemas.get_mut(QUANTITY) {
         quantity.remove("type");
-        quantity.insert("oneOf".into(), json!([{"type": "string"}, {"type": "number"}]));
+        quantity.insert(
+            "oneOf".into(),
+            json!([{"type": "string"}, {"type": "number"}]),
+        );
     }
     if let Some(Value::Object(int_or_string)) = schemas.get_mut(INT_OR_STRING) {
         int_or_string.remove("type");
-        int_or_string.insert("oneOf".into(), json!([{"type": "integer"}, {"type": "string"}]));
+        int_or_string.insert(
+            "oneOf".into(),
+            json!([{"type": "integer"}, {"type": "string"}]),
+        );
     }
 }
 
@@ -808,7 +833,15 @@ fn operations(r: &ResourceInfo) -> Vec<Operation> {
         let definition = definition_name(&gvk.group, &gvk.version, &gvk.kind);
         let suffix = capitalize(sub.name);
         let mut push = |method, verb: &str, description: String, action, query, body| {
-            let mut o = op(&path, method, verb, &suffix, description, action, &item_params);
+            let mut o = op(
+                &path,
+                method,
+                verb,
+                &suffix,
+                description,
+                action,
+                &item_params,
+            );
             o.gvk = gvk.clone();
             o.query = query;
             o.body = body;
@@ -900,7 +933,8 @@ fn render_parameters(op: &Operation, version: Version) -> Vec<Value> {
             RequestBody::Patch => (version.reference(PATCH), true),
             RequestBody::DeleteOptions => (version.reference(DELETE_OPTIONS), false),
         };
-        parameters.push(json!({"name": "body", "in": "body", "required": required, "schema": schema}));
+        parameters
+            .push(json!({"name": "body", "in": "body", "required": required, "schema": schema}));
     }
     for q in op.query {
         let mut p = json!({"name": q.name, "in": "query", "description": q.description});
@@ -936,12 +970,19 @@ fn render_operation(op: &Operation, version: Version) -> Value {
             _ => "OK",
         };
         let response = match version {
-            Version::V2 => json!({"description": description, "schema": version.reference(&op.response)}),
+            Version::V2 => {
+                json!({"description": description, "schema": version.reference(&op.response)})
+            }
             Version::V3 => {
                 let content: Map<String, Value> = op
                     .produces
                     .iter()
-                    .map(|t| (t.to_string(), json!({"schema": version.reference(&op.response)})))
+                    .map(|t| {
+                        (
+                            t.to_string(),
+                            json!({"schema": version.reference(&op.response)}),
+                        )
+                    })
                     .collect();
                 json!({"description": description, "content": content})
             }
@@ -978,7 +1019,12 @@ fn render_operation(op: &Operation, version: Version) -> Value {
                 };
                 let content: Map<String, Value> = consumes
                     .iter()
-                    .map(|t| (t.to_string(), json!({"schema": version.reference(definition)})))
+                    .map(|t| {
+                        (
+                            t.to_string(),
+                            json!({"schema": version.reference(definition)}),
+                        )
+                    })
                     .collect();
                 operation["requestBody"] = json!({"content": content, "required": required});
             }
@@ -988,7 +1034,10 @@ fn render_operation(op: &Operation, version: Version) -> Value {
 }
 
 /// Paths and the definitions their operations name, for the given resources.
-fn render_paths(resources: &[&ResourceInfo], version: Version) -> (Map<String, Value>, Vec<String>) {
+fn render_paths(
+    resources: &[&ResourceInfo],
+    version: Version,
+) -> (Map<String, Value>, Vec<String>) {
     let mut paths: Map<String, Value> = Map::new();
     let mut roots = Vec::new();
     for r in resources {

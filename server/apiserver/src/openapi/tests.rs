@@ -25,7 +25,10 @@ fn v2_json() -> Value {
 }
 
 fn v3_json(group_version: &str) -> Value {
-    let encoded = docs().v3.get(group_version).expect("group-version is served");
+    let encoded = docs()
+        .v3
+        .get(group_version)
+        .expect("group-version is served");
     serde_json::from_slice(&encoded.bytes).expect("the v3 JSON parses")
 }
 
@@ -78,14 +81,22 @@ fn v2_protobuf_has_pod_with_its_group_version_kind() {
     let doc = v2_protobuf();
     assert_eq!(doc.swagger, "2.0");
     let pod = definition(&doc, "io.k8s.api.core.v1.Pod");
-    assert!(pod.description.starts_with("Pod is a collection of containers"), "{}", pod.description);
+    assert!(
+        pod.description
+            .starts_with("Pod is a collection of containers"),
+        "{}",
+        pod.description
+    );
     assert_eq!(
         extension(&pod.vendor_extension, "x-kubernetes-group-version-kind"),
         Some(yaml(json!([{"group": "", "kind": "Pod", "version": "v1"}])))
     );
     let spec = property(pod, "spec");
     assert_eq!(spec.r#ref, "#/definitions/io.k8s.api.core.v1.PodSpec");
-    assert!(!spec.description.is_empty(), "a described reference keeps its description");
+    assert!(
+        !spec.description.is_empty(),
+        "a described reference keeps its description"
+    );
     // kubectl's v2 parser rejects a reference with a type beside it.
     assert!(spec.r#type.is_none());
     // k8s-openapi's `metadata` is not optional in Rust, but is not required in Kubernetes.
@@ -114,7 +125,11 @@ fn v2_protobuf_carries_strategic_merge_patch_extensions() {
         extension(&containers.vendor_extension, "x-kubernetes-list-map-keys"),
         Some(yaml(json!(["name"])))
     );
-    let items = &containers.items.as_ref().expect("an array has items").schema;
+    let items = &containers
+        .items
+        .as_ref()
+        .expect("an array has items")
+        .schema;
     assert_eq!(items.len(), 1, "kubectl requires exactly one items schema");
     assert_eq!(items[0].r#ref, "#/definitions/io.k8s.api.core.v1.Container");
 
@@ -140,7 +155,11 @@ fn v2_protobuf_says_what_the_json_says() {
     let doc = v2_protobuf();
     let json = v2_json();
     let definitions = json["definitions"].as_object().expect("definitions");
-    let decoded = &doc.definitions.as_ref().expect("definitions").additional_properties;
+    let decoded = &doc
+        .definitions
+        .as_ref()
+        .expect("definitions")
+        .additional_properties;
     assert_eq!(decoded.len(), definitions.len());
     for named in decoded {
         let schema = named.value.as_ref().expect("a schema");
@@ -152,7 +171,10 @@ fn v2_protobuf_says_what_the_json_says() {
         );
     }
     let paths = doc.paths.as_ref().expect("paths");
-    assert_eq!(paths.path.len(), json["paths"].as_object().expect("paths").len());
+    assert_eq!(
+        paths.path.len(),
+        json["paths"].as_object().expect("paths").len()
+    );
 }
 
 #[test]
@@ -161,7 +183,11 @@ fn every_served_kind_is_defined_with_its_group_version_kind() {
     for r in RESOURCES {
         let gvk = json!({"group": r.group, "kind": r.kind, "version": r.version});
         let kinds = &json["definitions"][r.definition]["x-kubernetes-group-version-kind"];
-        assert!(kinds.as_array().is_some_and(|k| k.contains(&gvk)), "{}: {kinds}", r.definition);
+        assert!(
+            kinds.as_array().is_some_and(|k| k.contains(&gvk)),
+            "{}: {kinds}",
+            r.definition
+        );
         if r.has_verb("list") {
             let list = &json["definitions"][format!("{}List", r.definition)];
             assert_eq!(
@@ -169,9 +195,11 @@ fn every_served_kind_is_defined_with_its_group_version_kind() {
                 format!("#/definitions/{}", r.definition)
             );
             let gvk = json!({"group": r.group, "kind": r.list_kind, "version": r.version});
-            assert!(list["x-kubernetes-group-version-kind"]
-                .as_array()
-                .is_some_and(|k| k.contains(&gvk)));
+            assert!(
+                list["x-kubernetes-group-version-kind"]
+                    .as_array()
+                    .is_some_and(|k| k.contains(&gvk))
+            );
         }
     }
     let scale = &json["definitions"]["io.k8s.api.autoscaling.v1.Scale"];
@@ -214,7 +242,11 @@ fn v2_paths_cover_every_resource() {
 }
 
 /// Every `$ref` in `value` names a schema in `schemas`, with `prefix`.
-fn assert_references_resolve(value: &Value, prefix: &str, schemas: &serde_json::Map<String, Value>) {
+fn assert_references_resolve(
+    value: &Value,
+    prefix: &str,
+    schemas: &serde_json::Map<String, Value>,
+) {
     match value {
         Value::Object(object) => {
             if let Some(target) = object.get("$ref") {
@@ -272,27 +304,38 @@ fn v3_apps_v1_describes_deployment_for_explain_and_apply() {
     assert!(spec["description"].as_str().is_some_and(|d| !d.is_empty()));
     let replicas = &schemas["io.k8s.api.apps.v1.DeploymentSpec"]["properties"]["replicas"];
     assert_eq!(replicas["type"], "integer");
-    assert!(replicas["description"].as_str().is_some_and(|d| d.contains("pods")));
+    assert!(
+        replicas["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("pods"))
+    );
     // The pod template's schemas come along, with their patch markers.
     let containers = &schemas["io.k8s.api.core.v1.PodSpec"]["properties"]["containers"];
     assert_eq!(containers["x-kubernetes-patch-merge-key"], "name");
     assert_eq!(containers["x-kubernetes-patch-strategy"], "merge");
-    assert_eq!(schemas["io.k8s.apimachinery.pkg.util.intstr.IntOrString"]["format"], "int-or-string");
+    assert_eq!(
+        schemas["io.k8s.apimachinery.pkg.util.intstr.IntOrString"]["format"],
+        "int-or-string"
+    );
     // kubectl apply uses the v3 document for a kind only if its PATCH accepts strategic merge.
     let patch = &doc["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"];
     assert_eq!(
         patch["x-kubernetes-group-version-kind"],
         json!({"group": "apps", "kind": "Deployment", "version": "v1"})
     );
-    assert!(patch["requestBody"]["content"]
-        .get("application/strategic-merge-patch+json")
-        .is_some());
+    assert!(
+        patch["requestBody"]["content"]
+            .get("application/strategic-merge-patch+json")
+            .is_some()
+    );
     // Only this group-version's paths.
-    assert!(doc["paths"]
-        .as_object()
-        .expect("paths")
-        .keys()
-        .all(|p| p.starts_with("/apis/apps/v1/")));
+    assert!(
+        doc["paths"]
+            .as_object()
+            .expect("paths")
+            .keys()
+            .all(|p| p.starts_with("/apis/apps/v1/"))
+    );
     assert!(schemas.get("io.k8s.api.rbac.v1.Role").is_none());
 }
 
@@ -300,7 +343,11 @@ fn v3_apps_v1_describes_deployment_for_explain_and_apply() {
 fn v3_index_points_at_each_document_by_hash() {
     let index: Value = serde_json::from_slice(&docs().v3_index.bytes).expect("index parses");
     let paths = index["paths"].as_object().expect("paths");
-    for gv in ["api/v1", "apis/apps/v1", "apis/rbac.authorization.k8s.io/v1"] {
+    for gv in [
+        "api/v1",
+        "apis/apps/v1",
+        "apis/rbac.authorization.k8s.io/v1",
+    ] {
         let encoded = docs().v3.get(gv).expect("served");
         assert_eq!(
             paths[gv]["serverRelativeURL"],
@@ -313,7 +360,10 @@ fn v3_index_points_at_each_document_by_hash() {
 #[test]
 fn accept_negotiation_follows_kube_openapi() {
     let offers = [JSON, V2_PROTOBUF_REQUESTED, V2_PROTOBUF];
-    assert_eq!(negotiate(Some(CLIENT_GO_V2_ACCEPT), &offers), Some(V2_PROTOBUF_REQUESTED));
+    assert_eq!(
+        negotiate(Some(CLIENT_GO_V2_ACCEPT), &offers),
+        Some(V2_PROTOBUF_REQUESTED)
+    );
     assert_eq!(negotiate(Some(V2_PROTOBUF), &offers), Some(V2_PROTOBUF));
     assert_eq!(negotiate(None, &offers), Some(JSON));
     assert_eq!(negotiate(Some("*/*"), &offers), Some(JSON));
@@ -321,17 +371,26 @@ fn accept_negotiation_follows_kube_openapi() {
     assert_eq!(negotiate(Some("text/html"), &offers), None);
     // Preference by q, then concrete before wildcard.
     assert_eq!(
-        negotiate(Some(&format!("application/json;q=0.5, {CLIENT_GO_V2_ACCEPT}")), &offers),
+        negotiate(
+            Some(&format!("application/json;q=0.5, {CLIENT_GO_V2_ACCEPT}")),
+            &offers
+        ),
         Some(V2_PROTOBUF_REQUESTED)
     );
-    assert_eq!(negotiate(Some(&format!("*/*, {V2_PROTOBUF}")), &offers), Some(V2_PROTOBUF));
+    assert_eq!(
+        negotiate(Some(&format!("*/*, {V2_PROTOBUF}")), &offers),
+        Some(V2_PROTOBUF)
+    );
     assert_eq!(negotiate(Some("application/json;q=0"), &offers), None);
 }
 
 #[tokio::test]
 async fn v2_answers_client_go_in_protobuf_with_an_etag() {
     let mut headers = HeaderMap::new();
-    headers.insert(header::ACCEPT, HeaderValue::from_static(CLIENT_GO_V2_ACCEPT));
+    headers.insert(
+        header::ACCEPT,
+        HeaderValue::from_static(CLIENT_GO_V2_ACCEPT),
+    );
     let response = answer_v2(&headers).expect("v2 answers");
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()[header::CONTENT_TYPE], V2_PROTOBUF);
@@ -352,7 +411,10 @@ async fn v2_answers_client_go_in_protobuf_with_an_etag() {
     assert_eq!(json["swagger"], "2.0");
 
     headers.insert(header::ACCEPT, HeaderValue::from_static("text/html"));
-    assert_eq!(answer_v2(&headers).map(|_| ()).map_err(|e| e.code), Err(406));
+    assert_eq!(
+        answer_v2(&headers).map(|_| ()).map_err(|e| e.code),
+        Err(406)
+    );
 }
 
 #[tokio::test]
@@ -365,7 +427,10 @@ async fn v3_hash_urls_are_immutable_and_stale_ones_redirect() {
         .expect("served")
         .expect("answers");
     assert_eq!(response.status(), 200);
-    assert_eq!(response.headers()[header::CACHE_CONTROL], "public, immutable");
+    assert_eq!(
+        response.headers()[header::CACHE_CONTROL],
+        "public, immutable"
+    );
     assert!(response.headers().contains_key(header::EXPIRES));
     let json: Value = serde_json::from_slice(&body_bytes(response).await).expect("JSON");
     assert!(json["components"]["schemas"]["io.k8s.api.apps.v1.Deployment"].is_object());
@@ -379,11 +444,16 @@ async fn v3_hash_urls_are_immutable_and_stale_ones_redirect() {
         format!("/openapi/v3/apis/apps/v1?hash={hash}").as_str()
     );
 
-    let response = answer_v3(&headers, "api/v1", None).expect("served").expect("answers");
+    let response = answer_v3(&headers, "api/v1", None)
+        .expect("served")
+        .expect("answers");
     assert_eq!(response.status(), 200);
     assert!(!response.headers().contains_key(header::CACHE_CONTROL));
 
-    assert!(answer_v3(&headers, "apis/batch/v1", None).is_none(), "not served: 404");
+    assert!(
+        answer_v3(&headers, "apis/batch/v1", None).is_none(),
+        "not served: 404"
+    );
 }
 
 #[test]

@@ -72,6 +72,7 @@ impl Buckets {
         self.buckets.len()
     }
 
+    /// Whether no watcher is filed.
     pub fn is_empty(&self) -> bool {
         self.buckets.is_empty()
     }

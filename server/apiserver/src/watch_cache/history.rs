@@ -60,6 +60,7 @@ pub struct Event {
 }
 
 impl Event {
+    /// An event as the cache records it.
     pub fn new(
         resource_version: i64,
         event_type: EventType,
@@ -145,14 +146,17 @@ impl History {
         self.window_start
     }
 
+    /// The current capacity, in events.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
+    /// Events held.
     pub fn len(&self) -> usize {
         self.events.len()
     }
 
+    /// Whether no event is held.
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
     }

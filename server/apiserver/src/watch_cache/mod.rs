@@ -128,6 +128,7 @@ impl Default for WatchCacheConfig {
 pub struct ConfigError(pub String);
 
 impl WatchCacheConfig {
+    /// Checks the bounds the window and queues need.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.window_events_min < 4 {
             return Err(ConfigError(format!(
@@ -417,6 +418,7 @@ impl WatchCache {
         self.shared.resource
     }
 
+    /// The cache's counters.
     pub fn metrics(&self) -> &CacheMetrics {
         &self.shared.metrics
     }
@@ -441,6 +443,7 @@ impl WatchCache {
         self.shared.state.lock().objects.len()
     }
 
+    /// Whether the cache holds no objects.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
