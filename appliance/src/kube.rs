@@ -33,7 +33,10 @@ pub fn start(
     listener: TcpListener,
     stop: watch::Receiver<bool>,
 ) -> Result<tokio::task::JoinHandle<()>> {
-    let pki_dir = args.pki_dir.clone().unwrap_or_else(|| data_dir.join(PKI_DIR));
+    let pki_dir = args
+        .pki_dir
+        .clone()
+        .unwrap_or_else(|| data_dir.join(PKI_DIR));
     let mut names = args.tls_san.clone();
     if !args.bind_address.is_unspecified() {
         names.push(args.bind_address.to_string());
@@ -54,11 +57,15 @@ pub fn start(
     .context("load the service-account signing key")?;
     let token_file = match &args.token_auth_file {
         Some(path) => Some(
-            TokenFile::load(path).with_context(|| format!("--token-auth-file {}", path.display()))?,
+            TokenFile::load(path)
+                .with_context(|| format!("--token-auth-file {}", path.display()))?,
         ),
         None => None,
     };
-    let port = listener.local_addr().context("API listener address")?.port();
+    let port = listener
+        .local_addr()
+        .context("API listener address")?
+        .port();
     let host = match args.bind_address {
         a if a.is_unspecified() => "127.0.0.1".to_string(),
         IpAddr::V6(v6) => format!("[{v6}]"),

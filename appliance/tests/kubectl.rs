@@ -77,7 +77,11 @@ impl Kube {
                     return kube;
                 }
             }
-            assert!(Instant::now() < deadline, "skerry not ready in {READY_TIMEOUT:?}\n{}", kube.log());
+            assert!(
+                Instant::now() < deadline,
+                "skerry not ready in {READY_TIMEOUT:?}\n{}",
+                kube.log()
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -97,10 +101,17 @@ impl Kube {
 
     fn kubectl_output(&self, args: &[&str], stdin: Option<&str>) -> Output {
         let mut c = self.command(args);
-        c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = c.spawn().expect("run kubectl");
         if let Some(input) = stdin {
-            child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(input.as_bytes())
+                .expect("write stdin");
         }
         drop(child.stdin.take());
         child.wait_with_output().expect("kubectl output")
@@ -202,25 +213,61 @@ fn write(path: &Path, text: &str) {
 fn namespaces_tables_and_output_formats() {
     let k = Kube::start(&[]);
     // The generator command sends a protobuf body.
-    assert_eq!(k.ok(&["create", "namespace", "shop"]).trim(), "namespace/shop created");
+    assert_eq!(
+        k.ok(&["create", "namespace", "shop"]).trim(),
+        "namespace/shop created"
+    );
     let table = k.ok(&["get", "namespaces"]);
-    let header: Vec<&str> = table.lines().next().expect("header").split_whitespace().collect();
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .expect("header")
+        .split_whitespace()
+        .collect();
     assert_eq!(header, ["NAME", "STATUS", "AGE"]);
-    for ns in ["default", "kube-system", "kube-public", "kube-node-lease", "shop"] {
-        assert!(table.lines().any(|l| l.starts_with(ns) && l.contains("Active")), "{ns} missing:\n{table}");
+    for ns in [
+        "default",
+        "kube-system",
+        "kube-public",
+        "kube-node-lease",
+        "shop",
+    ] {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(ns) && l.contains("Active")),
+            "{ns} missing:\n{table}"
+        );
     }
-    assert_eq!(k.ok(&["get", "ns", "shop", "-o", "name"]).trim(), "namespace/shop");
-    assert_eq!(k.ok(&["get", "ns", "shop", "-o", "jsonpath={.status.phase}"]), "Active");
-    let json: serde_json::Value = serde_json::from_str(&k.ok(&["get", "ns", "shop", "-o", "json"])).expect("json");
+    assert_eq!(
+        k.ok(&["get", "ns", "shop", "-o", "name"]).trim(),
+        "namespace/shop"
+    );
+    assert_eq!(
+        k.ok(&["get", "ns", "shop", "-o", "jsonpath={.status.phase}"]),
+        "Active"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&k.ok(&["get", "ns", "shop", "-o", "json"])).expect("json");
     assert_eq!(json["metadata"]["name"], "shop");
-    assert!(json["metadata"]["uid"].as_str().is_some_and(|u| u.len() == 36));
+    assert!(
+        json["metadata"]["uid"]
+            .as_str()
+            .is_some_and(|u| u.len() == 36)
+    );
     assert!(json["metadata"]["resourceVersion"].as_str().is_some());
     let yaml = k.ok(&["get", "ns", "shop", "-o", "yaml"]);
     assert!(yaml.contains("name: shop"), "{yaml}");
     let err = k.fails(&["create", "namespace", "shop"], None);
-    assert!(err.contains("Error from server (AlreadyExists): namespaces \"shop\" already exists"), "{err}");
+    assert!(
+        err.contains("Error from server (AlreadyExists): namespaces \"shop\" already exists"),
+        "{err}"
+    );
     let err = k.fails(&["get", "configmap", "nope", "-n", "shop"], None);
-    assert!(err.contains("Error from server (NotFound): configmaps \"nope\" not found"), "{err}");
+    assert!(
+        err.contains("Error from server (NotFound): configmaps \"nope\" not found"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -230,7 +277,11 @@ fn apply_get_patch_scale_label_and_delete() {
     let app = k.path("app.yaml");
     write(&app, APP);
     let out = k.ok(&["apply", "-f", &app.display().to_string()]);
-    for line in ["configmap/web-config created", "deployment.apps/web created", "service/web created"] {
+    for line in [
+        "configmap/web-config created",
+        "deployment.apps/web created",
+        "service/web created",
+    ] {
         assert!(out.contains(line), "{out}");
     }
     // Unchanged on a second apply.
@@ -238,57 +289,257 @@ fn apply_get_patch_scale_label_and_delete() {
     assert!(out.contains("deployment.apps/web unchanged"), "{out}");
     // Change the file: client-side apply sends a strategic merge patch that removes EXTRA
     // with `$patch: delete` and keeps the container list order with `$setElementOrder`.
-    write(&app, &APP.replace("        - name: EXTRA\n          value: \"1\"\n", "").replace("blue", "green"));
+    write(
+        &app,
+        &APP.replace("        - name: EXTRA\n          value: \"1\"\n", "")
+            .replace("blue", "green"),
+    );
     let out = k.ok(&["apply", "-f", &app.display().to_string()]);
     assert!(out.contains("deployment.apps/web configured"), "{out}");
-    let env = k.ok(&["get", "deploy", "web", "-n", "shop", "-o", "jsonpath={.spec.template.spec.containers[0].env}"]);
+    let env = k.ok(&[
+        "get",
+        "deploy",
+        "web",
+        "-n",
+        "shop",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].env}",
+    ]);
     assert!(env.contains("green") && !env.contains("EXTRA"), "{env}");
-    assert_eq!(k.ok(&["get", "deploy", "web", "-n", "shop", "-o", "jsonpath={.metadata.generation}"]), "2");
+    assert_eq!(
+        k.ok(&[
+            "get",
+            "deploy",
+            "web",
+            "-n",
+            "shop",
+            "-o",
+            "jsonpath={.metadata.generation}"
+        ]),
+        "2"
+    );
 
     let wide = k.ok(&["get", "deploy", "-n", "shop", "-o", "wide"]);
-    let header: Vec<&str> = wide.lines().next().expect("header").split_whitespace().collect();
-    assert_eq!(header, ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE", "CONTAINERS", "IMAGES", "SELECTOR"]);
-    assert!(wide.contains("nginx:1.27") && wide.contains("app=web"), "{wide}");
+    let header: Vec<&str> = wide
+        .lines()
+        .next()
+        .expect("header")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "READY",
+            "UP-TO-DATE",
+            "AVAILABLE",
+            "AGE",
+            "CONTAINERS",
+            "IMAGES",
+            "SELECTOR"
+        ]
+    );
+    assert!(
+        wide.contains("nginx:1.27") && wide.contains("app=web"),
+        "{wide}"
+    );
     let svc = k.ok(&["get", "svc", "web", "-n", "shop"]);
-    assert!(svc.lines().next().is_some_and(|h| h.contains("CLUSTER-IP") && h.contains("PORT(S)")), "{svc}");
+    assert!(
+        svc.lines()
+            .next()
+            .is_some_and(|h| h.contains("CLUSTER-IP") && h.contains("PORT(S)")),
+        "{svc}"
+    );
 
     // Patches of all three types.
-    k.ok(&["patch", "configmap", "web-config", "-n", "shop", "--type", "merge", "-p", r#"{"data":{"extra":"x"}}"#]);
-    k.ok(&["patch", "configmap", "web-config", "-n", "shop", "--type", "json", "-p", r#"[{"op":"replace","path":"/data/greeting","value":"hi"}]"#]);
-    k.ok(&["patch", "deploy", "web", "-n", "shop", "-p", r#"{"spec":{"template":{"spec":{"containers":[{"name":"web","image":"nginx:1.28"}]}}}}"#]);
-    assert_eq!(k.ok(&["get", "cm", "web-config", "-n", "shop", "-o", "jsonpath={.data.greeting} {.data.extra}"]), "hi x");
-    assert_eq!(k.ok(&["get", "deploy", "web", "-n", "shop", "-o", "jsonpath={.spec.template.spec.containers[0].image}"]), "nginx:1.28");
-    let err = k.fails(&["patch", "deploy", "web", "-n", "shop", "--type", "json", "-p", r#"[{"op":"test","path":"/spec/replicas","value":9}]"#], None);
+    k.ok(&[
+        "patch",
+        "configmap",
+        "web-config",
+        "-n",
+        "shop",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"extra":"x"}}"#,
+    ]);
+    k.ok(&[
+        "patch",
+        "configmap",
+        "web-config",
+        "-n",
+        "shop",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"replace","path":"/data/greeting","value":"hi"}]"#,
+    ]);
+    k.ok(&[
+        "patch",
+        "deploy",
+        "web",
+        "-n",
+        "shop",
+        "-p",
+        r#"{"spec":{"template":{"spec":{"containers":[{"name":"web","image":"nginx:1.28"}]}}}}"#,
+    ]);
+    assert_eq!(
+        k.ok(&[
+            "get",
+            "cm",
+            "web-config",
+            "-n",
+            "shop",
+            "-o",
+            "jsonpath={.data.greeting} {.data.extra}"
+        ]),
+        "hi x"
+    );
+    assert_eq!(
+        k.ok(&[
+            "get",
+            "deploy",
+            "web",
+            "-n",
+            "shop",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}"
+        ]),
+        "nginx:1.28"
+    );
+    let err = k.fails(
+        &[
+            "patch",
+            "deploy",
+            "web",
+            "-n",
+            "shop",
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"test","path":"/spec/replicas","value":9}]"#,
+        ],
+        None,
+    );
     assert!(err.contains("invalid") && err.contains("test"), "{err}");
 
-    assert!(k.ok(&["scale", "deploy", "web", "-n", "shop", "--replicas", "5"]).contains("scaled"));
-    assert_eq!(k.ok(&["get", "deploy", "web", "-n", "shop", "-o", "jsonpath={.spec.replicas}"]), "5");
+    assert!(
+        k.ok(&["scale", "deploy", "web", "-n", "shop", "--replicas", "5"])
+            .contains("scaled")
+    );
+    assert_eq!(
+        k.ok(&[
+            "get",
+            "deploy",
+            "web",
+            "-n",
+            "shop",
+            "-o",
+            "jsonpath={.spec.replicas}"
+        ]),
+        "5"
+    );
     k.ok(&["label", "cm", "web-config", "-n", "shop", "tier=front"]);
     k.ok(&["annotate", "cm", "web-config", "-n", "shop", "owner=team-a"]);
-    assert_eq!(k.ok(&["get", "cm", "-n", "shop", "-l", "tier=front", "-o", "name"]).trim(), "configmap/web-config");
-    assert_eq!(k.ok(&["get", "cm", "web-config", "-n", "shop", "-o", "jsonpath={.metadata.annotations.owner}"]), "team-a");
+    assert_eq!(
+        k.ok(&["get", "cm", "-n", "shop", "-l", "tier=front", "-o", "name"])
+            .trim(),
+        "configmap/web-config"
+    );
+    assert_eq!(
+        k.ok(&[
+            "get",
+            "cm",
+            "web-config",
+            "-n",
+            "shop",
+            "-o",
+            "jsonpath={.metadata.annotations.owner}"
+        ]),
+        "team-a"
+    );
 
     // Server-side apply: a second manager taking a field another owns is a conflict.
     let ssa = k.path("ssa.yaml");
-    write(&ssa, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ssa\n  namespace: shop\ndata:\n  a: \"1\"\n");
-    assert!(k.ok(&["apply", "--server-side", "-f", &ssa.display().to_string()]).contains("serverside-applied"));
-    write(&ssa, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ssa\n  namespace: shop\ndata:\n  a: \"2\"\n");
-    let err = k.fails(&["apply", "--server-side", "--field-manager", "other", "-f", &ssa.display().to_string()], None);
+    write(
+        &ssa,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ssa\n  namespace: shop\ndata:\n  a: \"1\"\n",
+    );
+    assert!(
+        k.ok(&["apply", "--server-side", "-f", &ssa.display().to_string()])
+            .contains("serverside-applied")
+    );
+    write(
+        &ssa,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ssa\n  namespace: shop\ndata:\n  a: \"2\"\n",
+    );
+    let err = k.fails(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager",
+            "other",
+            "-f",
+            &ssa.display().to_string(),
+        ],
+        None,
+    );
     assert!(err.contains("conflict"), "{err}");
-    k.ok(&["apply", "--server-side", "--force-conflicts", "--field-manager", "other", "-f", &ssa.display().to_string()]);
-    assert_eq!(k.ok(&["get", "cm", "ssa", "-n", "shop", "-o", "jsonpath={.data.a}"]), "2");
+    k.ok(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager",
+        "other",
+        "-f",
+        &ssa.display().to_string(),
+    ]);
+    assert_eq!(
+        k.ok(&["get", "cm", "ssa", "-n", "shop", "-o", "jsonpath={.data.a}"]),
+        "2"
+    );
 
     // Delete with cascade options.
-    assert!(k.ok(&["delete", "cm", "web-config", "-n", "shop"]).contains("deleted"));
+    assert!(
+        k.ok(&["delete", "cm", "web-config", "-n", "shop"])
+            .contains("deleted")
+    );
     // Orphaning marks the Deployment with the `orphan` finalizer for the garbage collector
     // (which runs with the control loops) to release its ReplicaSets; kubectl is told not to
     // wait for that here.
-    k.ok(&["delete", "deploy", "web", "-n", "shop", "--cascade=orphan", "--wait=false"]);
+    k.ok(&[
+        "delete",
+        "deploy",
+        "web",
+        "-n",
+        "shop",
+        "--cascade=orphan",
+        "--wait=false",
+    ]);
     assert_eq!(
-        k.ok(&["get", "deploy", "web", "-n", "shop", "-o", "jsonpath={.metadata.finalizers}"]),
+        k.ok(&[
+            "get",
+            "deploy",
+            "web",
+            "-n",
+            "shop",
+            "-o",
+            "jsonpath={.metadata.finalizers}"
+        ]),
         r#"["orphan"]"#
     );
-    assert!(k.ok(&["delete", "svc", "web", "-n", "shop", "--cascade=foreground", "--wait=false"]).contains("deleted"));
+    assert!(
+        k.ok(&[
+            "delete",
+            "svc",
+            "web",
+            "-n",
+            "shop",
+            "--cascade=foreground",
+            "--wait=false"
+        ])
+        .contains("deleted")
+    );
     let err = k.fails(&["get", "cm", "web-config", "-n", "shop"], None);
     assert!(err.contains("NotFound"), "{err}");
 }
@@ -305,24 +556,51 @@ fn watch_edit_chunks_discovery_and_errors() {
         .spawn()
         .expect("kubectl get -w");
     std::thread::sleep(Duration::from_secs(2));
-    k.ok(&["create", "configmap", "watched", "-n", "shop", "--from-literal=a=b"]);
+    k.ok(&[
+        "create",
+        "configmap",
+        "watched",
+        "-n",
+        "shop",
+        "--from-literal=a=b",
+    ]);
     std::thread::sleep(Duration::from_secs(2));
     let _ = watch.kill();
     let out = watch.wait_with_output().expect("watch output");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("watched"), "get -w did not see the create:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("watched"),
+        "get -w did not see the create:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // `edit` with a scripted editor.
     let editor = k.path("editor.sh");
     write(&editor, "#!/bin/sh\nsed -i 's/a: b/a: edited/' \"$1\"\n");
-    std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
     let out = k
         .command(&["edit", "cm", "watched", "-n", "shop"])
         .env("EDITOR", &editor)
         .output()
         .expect("kubectl edit");
-    assert!(out.status.success(), "edit failed: {}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(k.ok(&["get", "cm", "watched", "-n", "shop", "-o", "jsonpath={.data.a}"]), "edited");
+    assert!(
+        out.status.success(),
+        "edit failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        k.ok(&[
+            "get",
+            "cm",
+            "watched",
+            "-n",
+            "shop",
+            "-o",
+            "jsonpath={.data.a}"
+        ]),
+        "edited"
+    );
 
     // Paged lists.
     for i in 0..7 {
@@ -335,16 +613,28 @@ fn watch_edit_chunks_discovery_and_errors() {
     // kubectl asked in pages of two and followed the continue tokens.
     let out = k.kubectl_output(&["get", "cm", "-n", "shop", "--chunk-size=2", "-v=6"], None);
     let log = String::from_utf8_lossy(&out.stderr);
-    assert!(log.contains("limit=2") && log.contains("continue="), "{log}");
+    assert!(
+        log.contains("limit=2") && log.contains("continue="),
+        "{log}"
+    );
 
     let resources = k.ok(&["api-resources"]);
-    for line in ["deployments", "pods", "leases", "clusterroles", "endpointslices"] {
+    for line in [
+        "deployments",
+        "pods",
+        "leases",
+        "clusterroles",
+        "endpointslices",
+    ] {
         assert!(resources.contains(line), "{resources}");
     }
     let explain = k.ok(&["explain", "deployment.spec.replicas"]);
     assert!(explain.contains("replicas"), "{explain}");
 
-    let err = k.fails(&["apply", "-f", "-"], Some("apiVersion: v1\nkind: ConfigMap\nmetadata: [unclosed\n"));
+    let err = k.fails(
+        &["apply", "-f", "-"],
+        Some("apiVersion: v1\nkind: ConfigMap\nmetadata: [unclosed\n"),
+    );
     assert!(err.contains("error"), "{err}");
     let err = k.fails(&["apply", "-f", "-"], Some("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n  namespace: shop\ndataa:\n  a: b\n"));
     assert!(err.contains("unknown field \"dataa\""), "{err}");
@@ -357,18 +647,47 @@ fn authorization_for_a_restricted_user() {
     write(&tokens, "jane-token,jane,1001,\"developers\"\n");
     let k = Kube::start(&["--token-auth-file", &tokens.display().to_string()]);
     k.ok(&["create", "namespace", "shop"]);
-    k.ok(&["create", "role", "pod-reader", "-n", "shop", "--verb=get,list,watch", "--resource=pods"]);
-    k.ok(&["create", "rolebinding", "jane-reads", "-n", "shop", "--role=pod-reader", "--user=jane"]);
-    assert_eq!(k.ok(&["auth", "can-i", "create", "deployments", "-n", "shop"]).trim(), "yes");
+    k.ok(&[
+        "create",
+        "role",
+        "pod-reader",
+        "-n",
+        "shop",
+        "--verb=get,list,watch",
+        "--resource=pods",
+    ]);
+    k.ok(&[
+        "create",
+        "rolebinding",
+        "jane-reads",
+        "-n",
+        "shop",
+        "--role=pod-reader",
+        "--user=jane",
+    ]);
+    assert_eq!(
+        k.ok(&["auth", "can-i", "create", "deployments", "-n", "shop"])
+            .trim(),
+        "yes"
+    );
     let as_jane = |args: &[&str]| {
         let mut all = vec!["--token", "jane-token", "--user", "jane-user"];
         all.extend_from_slice(args);
         k.kubectl_output(&all, None)
     };
     // kubectl needs a user entry to exist; define one with only the token.
-    k.ok(&["config", "set-credentials", "jane-user", "--token=jane-token"]);
+    k.ok(&[
+        "config",
+        "set-credentials",
+        "jane-user",
+        "--token=jane-token",
+    ]);
     let out = as_jane(&["get", "pods", "-n", "shop"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = as_jane(&["get", "secrets", "-n", "shop"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -380,12 +699,31 @@ fn authorization_for_a_restricted_user() {
     let out = as_jane(&["auth", "can-i", "delete", "pods", "-n", "shop"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no");
     // No credentials at all: 401 except the public endpoints.
-    let out = k.kubectl_output(&["--token", "wrong", "--user", "jane-user", "get", "ns"], None);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("Unauthorized"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = k.kubectl_output(
+        &["--token", "wrong", "--user", "jane-user", "get", "ns"],
+        None,
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Unauthorized"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // A service account token from `kubectl create token` authenticates as the account.
     k.ok(&["create", "serviceaccount", "robot", "-n", "shop"]);
     let token = k.ok(&["create", "token", "robot", "-n", "shop"]);
-    let out = k.kubectl_output(&["--token", token.trim(), "--user", "jane-user", "get", "pods", "-n", "shop"], None);
+    let out = k.kubectl_output(
+        &[
+            "--token",
+            token.trim(),
+            "--user",
+            "jane-user",
+            "get",
+            "pods",
+            "-n",
+            "shop",
+        ],
+        None,
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("system:serviceaccount:shop:robot"), "{err}");
 }

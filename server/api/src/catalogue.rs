@@ -54,7 +54,9 @@ impl ResourceInfo {
     /// The store key of one object.
     pub fn key(&self, namespace: Option<&str>, name: &str) -> String {
         match namespace {
-            Some(ns) if self.namespaced => format!("{REGISTRY_PREFIX}{}/{ns}/{name}", self.resource),
+            Some(ns) if self.namespaced => {
+                format!("{REGISTRY_PREFIX}{}/{ns}/{name}", self.resource)
+            }
             _ => format!("{REGISTRY_PREFIX}{}/{name}", self.resource),
         }
     }
@@ -127,51 +129,298 @@ macro_rules! resource {
 
 /// Every resource skerry serves, in discovery order within each group.
 pub static RESOURCES: &[ResourceInfo] = &[
-    resource!("", "v1", "namespaces", "namespace", "Namespace", false, &["ns"], &[],
-        &["create", "delete", "get", "list", "patch", "update", "watch"],
-        &[status("Namespace"), Subresource { name: "finalize", kind: "Namespace", group_version: None, verbs: &["update"] }],
-        "io.k8s.api.core.v1.Namespace"),
-    resource!("", "v1", "pods", "pod", "Pod", true, &["po"], &["all"], RW,
-        &[status("Pod"), Subresource { name: "binding", kind: "Binding", group_version: None, verbs: &["create"] }],
-        "io.k8s.api.core.v1.Pod"),
-    resource!("", "v1", "nodes", "node", "Node", false, &["no"], &[], RW, &[status("Node")],
-        "io.k8s.api.core.v1.Node"),
-    resource!("", "v1", "services", "service", "Service", true, &["svc"], &["all"],
-        &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
-        &[status("Service")], "io.k8s.api.core.v1.Service"),
-    resource!("", "v1", "endpoints", "endpoints", "Endpoints", true, &["ep"], &[], RW, &[],
-        "io.k8s.api.core.v1.Endpoints"),
-    resource!("", "v1", "configmaps", "configmap", "ConfigMap", true, &["cm"], &[], RW, &[],
-        "io.k8s.api.core.v1.ConfigMap"),
-    resource!("", "v1", "secrets", "secret", "Secret", true, &[], &[], RW, &[],
-        "io.k8s.api.core.v1.Secret"),
-    resource!("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", true, &["sa"], &[], RW,
-        &[Subresource { name: "token", kind: "TokenRequest", group_version: Some(("authentication.k8s.io", "v1")), verbs: &["create"] }],
-        "io.k8s.api.core.v1.ServiceAccount"),
-    resource!("", "v1", "events", "event", "Event", true, &["ev"], &[], RW, &[],
-        "io.k8s.api.core.v1.Event"),
-    resource!("apps", "v1", "deployments", "deployment", "Deployment", true, &["deploy"], &["all"], RW,
-        &[status("Deployment"), SCALE], "io.k8s.api.apps.v1.Deployment"),
-    resource!("apps", "v1", "replicasets", "replicaset", "ReplicaSet", true, &["rs"], &["all"], RW,
-        &[status("ReplicaSet"), SCALE], "io.k8s.api.apps.v1.ReplicaSet"),
-    resource!("apps", "v1", "daemonsets", "daemonset", "DaemonSet", true, &["ds"], &["all"], RW,
-        &[status("DaemonSet")], "io.k8s.api.apps.v1.DaemonSet"),
-    resource!("apps", "v1", "statefulsets", "statefulset", "StatefulSet", true, &["sts"], &["all"], RW,
-        &[status("StatefulSet"), SCALE], "io.k8s.api.apps.v1.StatefulSet"),
-    resource!("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice", true, &[], &[], RW, &[],
-        "io.k8s.api.discovery.v1.EndpointSlice"),
-    resource!("coordination.k8s.io", "v1", "leases", "lease", "Lease", true, &[], &[], RW, &[],
-        "io.k8s.api.coordination.v1.Lease"),
-    resource!("rbac.authorization.k8s.io", "v1", "roles", "role", "Role", true, &[], &[], RW, &[],
-        "io.k8s.api.rbac.v1.Role"),
-    resource!("rbac.authorization.k8s.io", "v1", "rolebindings", "rolebinding", "RoleBinding", true, &[], &[], RW, &[],
-        "io.k8s.api.rbac.v1.RoleBinding"),
-    resource!("rbac.authorization.k8s.io", "v1", "clusterroles", "clusterrole", "ClusterRole", false, &[], &[], RW, &[],
-        "io.k8s.api.rbac.v1.ClusterRole"),
-    resource!("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "clusterrolebinding", "ClusterRoleBinding", false, &[], &[], RW, &[],
-        "io.k8s.api.rbac.v1.ClusterRoleBinding"),
-    resource!("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "selfsubjectaccessreview", "SelfSubjectAccessReview", false, &[], &[],
-        &["create"], &[], "io.k8s.api.authorization.v1.SelfSubjectAccessReview"),
+    resource!(
+        "",
+        "v1",
+        "namespaces",
+        "namespace",
+        "Namespace",
+        false,
+        &["ns"],
+        &[],
+        &[
+            "create", "delete", "get", "list", "patch", "update", "watch"
+        ],
+        &[
+            status("Namespace"),
+            Subresource {
+                name: "finalize",
+                kind: "Namespace",
+                group_version: None,
+                verbs: &["update"]
+            }
+        ],
+        "io.k8s.api.core.v1.Namespace"
+    ),
+    resource!(
+        "",
+        "v1",
+        "pods",
+        "pod",
+        "Pod",
+        true,
+        &["po"],
+        &["all"],
+        RW,
+        &[
+            status("Pod"),
+            Subresource {
+                name: "binding",
+                kind: "Binding",
+                group_version: None,
+                verbs: &["create"]
+            }
+        ],
+        "io.k8s.api.core.v1.Pod"
+    ),
+    resource!(
+        "",
+        "v1",
+        "nodes",
+        "node",
+        "Node",
+        false,
+        &["no"],
+        &[],
+        RW,
+        &[status("Node")],
+        "io.k8s.api.core.v1.Node"
+    ),
+    resource!(
+        "",
+        "v1",
+        "services",
+        "service",
+        "Service",
+        true,
+        &["svc"],
+        &["all"],
+        &[
+            "create",
+            "delete",
+            "deletecollection",
+            "get",
+            "list",
+            "patch",
+            "update",
+            "watch"
+        ],
+        &[status("Service")],
+        "io.k8s.api.core.v1.Service"
+    ),
+    resource!(
+        "",
+        "v1",
+        "endpoints",
+        "endpoints",
+        "Endpoints",
+        true,
+        &["ep"],
+        &[],
+        RW,
+        &[],
+        "io.k8s.api.core.v1.Endpoints"
+    ),
+    resource!(
+        "",
+        "v1",
+        "configmaps",
+        "configmap",
+        "ConfigMap",
+        true,
+        &["cm"],
+        &[],
+        RW,
+        &[],
+        "io.k8s.api.core.v1.ConfigMap"
+    ),
+    resource!(
+        "",
+        "v1",
+        "secrets",
+        "secret",
+        "Secret",
+        true,
+        &[],
+        &[],
+        RW,
+        &[],
+        "io.k8s.api.core.v1.Secret"
+    ),
+    resource!(
+        "",
+        "v1",
+        "serviceaccounts",
+        "serviceaccount",
+        "ServiceAccount",
+        true,
+        &["sa"],
+        &[],
+        RW,
+        &[Subresource {
+            name: "token",
+            kind: "TokenRequest",
+            group_version: Some(("authentication.k8s.io", "v1")),
+            verbs: &["create"]
+        }],
+        "io.k8s.api.core.v1.ServiceAccount"
+    ),
+    resource!(
+        "",
+        "v1",
+        "events",
+        "event",
+        "Event",
+        true,
+        &["ev"],
+        &[],
+        RW,
+        &[],
+        "io.k8s.api.core.v1.Event"
+    ),
+    resource!(
+        "apps",
+        "v1",
+        "deployments",
+        "deployment",
+        "Deployment",
+        true,
+        &["deploy"],
+        &["all"],
+        RW,
+        &[status("Deployment"), SCALE],
+        "io.k8s.api.apps.v1.Deployment"
+    ),
+    resource!(
+        "apps",
+        "v1",
+        "replicasets",
+        "replicaset",
+        "ReplicaSet",
+        true,
+        &["rs"],
+        &["all"],
+        RW,
+        &[status("ReplicaSet"), SCALE],
+        "io.k8s.api.apps.v1.ReplicaSet"
+    ),
+    resource!(
+        "apps",
+        "v1",
+        "daemonsets",
+        "daemonset",
+        "DaemonSet",
+        true,
+        &["ds"],
+        &["all"],
+        RW,
+        &[status("DaemonSet")],
+        "io.k8s.api.apps.v1.DaemonSet"
+    ),
+    resource!(
+        "apps",
+        "v1",
+        "statefulsets",
+        "statefulset",
+        "StatefulSet",
+        true,
+        &["sts"],
+        &["all"],
+        RW,
+        &[status("StatefulSet"), SCALE],
+        "io.k8s.api.apps.v1.StatefulSet"
+    ),
+    resource!(
+        "discovery.k8s.io",
+        "v1",
+        "endpointslices",
+        "endpointslice",
+        "EndpointSlice",
+        true,
+        &[],
+        &[],
+        RW,
+        &[],
+        "io.k8s.api.discovery.v1.EndpointSlice"
+    ),
+    resource!(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        "lease",
+        "Lease",
+        true,
+        &[],
+        &[],
+        RW,
+        &[],
+        "io.k8s.api.coordination.v1.Lease"
+    ),
+    resource!(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "roles",
+        "role",
+        "Role",
+        true,
+        &[],
+        &[],
+        RW,
+        &[],
+        "io.k8s.api.rbac.v1.Role"
+    ),
+    resource!(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "rolebindings",
+        "rolebinding",
+        "RoleBinding",
+        true,
+        &[],
+        &[],
+        RW,
+        &[],
+        "io.k8s.api.rbac.v1.RoleBinding"
+    ),
+    resource!(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterroles",
+        "clusterrole",
+        "ClusterRole",
+        false,
+        &[],
+        &[],
+        RW,
+        &[],
+        "io.k8s.api.rbac.v1.ClusterRole"
+    ),
+    resource!(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "clusterrolebinding",
+        "ClusterRoleBinding",
+        false,
+        &[],
+        &[],
+        RW,
+        &[],
+        "io.k8s.api.rbac.v1.ClusterRoleBinding"
+    ),
+    resource!(
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectaccessreviews",
+        "selfsubjectaccessreview",
+        "SelfSubjectAccessReview",
+        false,
+        &[],
+        &[],
+        &["create"],
+        &[],
+        "io.k8s.api.authorization.v1.SelfSubjectAccessReview"
+    ),
 ];
 
 /// The groups in discovery order (the core group first, served under `/api`).
@@ -211,7 +460,10 @@ mod tests {
     #[test]
     fn keys_follow_kubernetes_layout() {
         let pods = lookup("", "v1", "pods").expect("pods are served");
-        assert_eq!(pods.key(Some("default"), "web"), "/registry/pods/default/web");
+        assert_eq!(
+            pods.key(Some("default"), "web"),
+            "/registry/pods/default/web"
+        );
         assert_eq!(pods.prefix(Some("default")), "/registry/pods/default/");
         assert_eq!(pods.prefix(None), "/registry/pods/");
         let nodes = lookup("", "v1", "nodes").expect("nodes are served");

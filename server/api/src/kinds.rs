@@ -1,7 +1,9 @@
 //! Typed decoding per served kind: the catalogue names each resource's OpenAPI definition,
 //! and this maps it to the k8s-openapi type that [`crate::strict`] decodes into.
 
-use k8s_openapi::api::{apps, authentication, authorization, autoscaling, coordination, core, discovery, rbac};
+use k8s_openapi::api::{
+    apps, authentication, authorization, autoscaling, coordination, core, discovery, rbac,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions;
 
 use crate::catalogue::ResourceInfo;
@@ -55,7 +57,11 @@ pub fn decode_body(
     validation: FieldValidation,
 ) -> Result<Decoded, ApiError> {
     let api_version = resource.api_version();
-    kinds!(resource.definition, decode, (body, validation, (&api_version, resource.kind)))
+    kinds!(
+        resource.definition,
+        decode,
+        (body, validation, (&api_version, resource.kind))
+    )
 }
 
 /// Decodes a JSON body of the kind `definition` with the given type meta defaults (a

@@ -35,7 +35,9 @@ fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
 
 /// The object's name (empty if it has none).
 pub fn name(obj: &Value) -> &str {
-    obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("")
+    obj.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 pub fn namespace(obj: &Value) -> Option<&str> {
@@ -66,14 +68,20 @@ pub fn prepare_create(
     } else {
         meta.remove("namespace");
     }
-    let has_name = meta.get("name").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+    let has_name = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
     if !has_name {
         match meta.get("generateName").and_then(Value::as_str) {
             Some(prefix) if !prefix.is_empty() => {
                 let prefix: String = prefix.chars().take(GENERATE_NAME_PREFIX_MAX).collect();
                 let mut rng = rand::rng();
                 let suffix: String = (0..GENERATE_NAME_SUFFIX_LEN)
-                    .map(|_| GENERATE_NAME_ALPHABET[rng.random_range(0..GENERATE_NAME_ALPHABET.len())] as char)
+                    .map(|_| {
+                        GENERATE_NAME_ALPHABET[rng.random_range(0..GENERATE_NAME_ALPHABET.len())]
+                            as char
+                    })
                     .collect();
                 meta.insert("name".into(), json!(format!("{prefix}{suffix}")));
             }
@@ -102,10 +110,11 @@ pub fn prepare_create(
     } else {
         meta.remove("generation");
     }
-    if resource.subresource("status").is_some() && resource.resource != "namespaces" {
-        if let Some(o) = obj.as_object_mut() {
-            o.remove("status");
-        }
+    if resource.subresource("status").is_some()
+        && resource.resource != "namespaces"
+        && let Some(o) = obj.as_object_mut()
+    {
+        o.remove("status");
     }
     Ok(())
 }
@@ -151,7 +160,15 @@ pub fn prepare_update(
     }
     let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
     let meta = metadata_mut(new);
-    for key in ["uid", "creationTimestamp", "name", "namespace", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+    for key in [
+        "uid",
+        "creationTimestamp",
+        "name",
+        "namespace",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+    ] {
         match old_meta.get(key) {
             Some(v) => meta.insert(key.into(), v.clone()),
             None => meta.remove(key),
@@ -159,7 +176,10 @@ pub fn prepare_update(
     }
     meta.remove("resourceVersion");
     if tracks_generation(resource) && spec_changed(old, new) {
-        let generation = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(0);
+        let generation = old_meta
+            .get("generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
         metadata_mut(new).insert("generation".into(), json!(generation + 1));
     }
 }
@@ -190,13 +210,23 @@ mod tests {
         let name = name(&pod);
         assert!(name.starts_with("web-") && name.len() == 9, "{name}");
         assert_eq!(pod["metadata"]["namespace"], "default");
-        assert!(pod["metadata"]["uid"].as_str().is_some_and(|u| u.len() == 36));
+        assert!(
+            pod["metadata"]["uid"]
+                .as_str()
+                .is_some_and(|u| u.len() == 36)
+        );
         assert!(pod["metadata"].get("resourceVersion").is_none());
         assert!(pod.get("status").is_none());
         let mut other = json!({"metadata": {"name": "x", "namespace": "other"}});
-        assert_eq!(prepare_create(pods, &mut other, Some("default")).map_err(|e| e.code), Err(400));
+        assert_eq!(
+            prepare_create(pods, &mut other, Some("default")).map_err(|e| e.code),
+            Err(400)
+        );
         let mut nameless = json!({"metadata": {}});
-        assert_eq!(prepare_create(pods, &mut nameless, Some("default")).map_err(|e| e.code), Err(422));
+        assert_eq!(
+            prepare_create(pods, &mut nameless, Some("default")).map_err(|e| e.code),
+            Err(422)
+        );
     }
 
     #[test]

@@ -35,12 +35,15 @@ pub struct LabelSelector {
 impl LabelSelector {
     /// Parses Kubernetes' label selector syntax.
     pub fn parse(text: &str) -> Result<Self, ApiError> {
-        let bad = |msg: String| ApiError::bad_request(format!("unable to parse requirement: {msg}"));
+        let bad =
+            |msg: String| ApiError::bad_request(format!("unable to parse requirement: {msg}"));
         let mut requirements = Vec::new();
         let mut rest = text.trim();
         while !rest.is_empty() {
             if requirements.len() >= SELECTOR_REQUIREMENTS_MAX {
-                return Err(bad(format!("more than {SELECTOR_REQUIREMENTS_MAX} requirements")));
+                return Err(bad(format!(
+                    "more than {SELECTOR_REQUIREMENTS_MAX} requirements"
+                )));
             }
             // One requirement ends at a comma outside parentheses.
             let mut depth = 0i32;
@@ -152,7 +155,14 @@ fn parse_requirement(part: &str) -> Result<(String, LabelOp), String> {
         if !valid_key(key) {
             return Err(format!("invalid label key {key:?}"));
         }
-        Ok((key.to_string(), if negate { LabelOp::NotIn(values) } else { LabelOp::In(values) }))
+        Ok((
+            key.to_string(),
+            if negate {
+                LabelOp::NotIn(values)
+            } else {
+                LabelOp::In(values)
+            },
+        ))
     };
     for (op, negate) in [(" notin ", true), (" in ", false)] {
         if let Some(i) = part.find(op) {
@@ -196,7 +206,9 @@ impl FieldSelector {
         let mut requirements = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             if requirements.len() >= SELECTOR_REQUIREMENTS_MAX {
-                return Err(ApiError::bad_request("too many field selector requirements"));
+                return Err(ApiError::bad_request(
+                    "too many field selector requirements",
+                ));
             }
             let (field, value, equal) = if let Some((f, v)) = part.split_once("!=") {
                 (f, v, false)
@@ -282,7 +294,11 @@ pub fn field_supported(resource: &str, field: &str) -> bool {
 /// The string value of `field` in `object` as field selectors compare it ("" when absent;
 /// booleans as "true"/"false", numbers in decimal).
 pub fn field_value(object: &Value, field: &str) -> String {
-    let field = if field == "source" { "source.component" } else { field };
+    let field = if field == "source" {
+        "source.component"
+    } else {
+        field
+    };
     let mut current = object;
     for part in field.split('.') {
         match current.get(part) {
@@ -304,7 +320,10 @@ mod tests {
     use serde_json::json;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -314,11 +333,20 @@ mod tests {
         assert_eq!(s.requirements.len(), 5);
         assert!(s.matches(&labels(&[("app", "web"), ("env", "prod"), ("team", "a")])));
         assert!(!s.matches(&labels(&[("app", "web"), ("env", "dev"), ("team", "a")])));
-        assert!(!s.matches(&labels(&[("app", "web"), ("env", "prod"), ("team", "a"), ("canary", "1")])));
+        assert!(!s.matches(&labels(&[
+            ("app", "web"),
+            ("env", "prod"),
+            ("team", "a"),
+            ("canary", "1")
+        ])));
         let s = LabelSelector::parse("x notin (a,b)").expect("valid");
         assert!(s.matches(&labels(&[])));
         assert!(!s.matches(&labels(&[("x", "a")])));
-        assert!(LabelSelector::parse("").expect("empty").matches(&labels(&[])));
+        assert!(
+            LabelSelector::parse("")
+                .expect("empty")
+                .matches(&labels(&[]))
+        );
     }
 
     #[test]
@@ -333,15 +361,22 @@ mod tests {
     fn field_selectors_match_supported_fields_only() {
         let pod = json!({"metadata": {"name": "p", "namespace": "ns"},
             "spec": {"nodeName": "n1", "hostNetwork": true}, "status": {"phase": "Running"}});
-        let s = FieldSelector::parse("spec.nodeName=n1,status.phase!=Failed", "pods").expect("valid");
+        let s =
+            FieldSelector::parse("spec.nodeName=n1,status.phase!=Failed", "pods").expect("valid");
         assert!(s.matches(&pod));
         let s = FieldSelector::parse("spec.nodeName=", "pods").expect("valid");
         assert!(!s.matches(&pod));
-        assert!(FieldSelector::parse("spec.hostNetwork=true", "pods").expect("valid").matches(&pod));
+        assert!(
+            FieldSelector::parse("spec.hostNetwork=true", "pods")
+                .expect("valid")
+                .matches(&pod)
+        );
         let e = FieldSelector::parse("spec.nodeName=n1", "configmaps").expect_err("unsupported");
         assert_eq!(e.message, "field label not supported: spec.nodeName");
         assert_eq!(
-            FieldSelector::parse("metadata.name=web", "deployments").expect("valid").exact_name(),
+            FieldSelector::parse("metadata.name=web", "deployments")
+                .expect("valid")
+                .exact_name(),
             Some("web")
         );
     }

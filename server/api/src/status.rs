@@ -37,7 +37,10 @@ impl Cause {
         Self::new(
             "FieldValueInvalid",
             field,
-            format!("Invalid value: {}: {detail}", Value::String(value.to_string())),
+            format!(
+                "Invalid value: {}: {detail}",
+                Value::String(value.to_string())
+            ),
         )
     }
 }
@@ -102,8 +105,12 @@ impl ApiError {
 
     pub fn already_exists(group: &str, resource: &str, name: &str) -> Self {
         let qualified = qualified(group, resource);
-        Self::new(409, "AlreadyExists", format!("{qualified} \"{name}\" already exists"))
-            .about(group, resource, name)
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{qualified} \"{name}\" already exists"),
+        )
+        .about(group, resource, name)
     }
 
     /// Optimistic concurrency lost: the object changed since the client read it.
@@ -134,8 +141,12 @@ impl ApiError {
         } else {
             format!("{kind}.{group}")
         };
-        let mut e = Self::new(422, "Invalid", format!("{qualified} \"{name}\" is invalid{summary}"))
-            .about(group, kind, name);
+        let mut e = Self::new(
+            422,
+            "Invalid",
+            format!("{qualified} \"{name}\" is invalid{summary}"),
+        )
+        .about(group, kind, name);
         e.causes = causes;
         e
     }
@@ -170,7 +181,9 @@ impl ApiError {
         Self::new(
             415,
             "UnsupportedMediaType",
-            format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf (got {content_type:?})"),
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf (got {content_type:?})"
+            ),
         )
     }
 
@@ -284,6 +297,9 @@ mod tests {
         let e = ApiError::invalid("", "Pod", "p", causes);
         assert_eq!(e.causes.len(), CAUSES_MAX);
         assert_eq!(e.code, 422);
-        assert!(e.message.starts_with("Pod \"p\" is invalid: [f0: Required value"));
+        assert!(
+            e.message
+                .starts_with("Pod \"p\" is invalid: [f0: Required value")
+        );
     }
 }

@@ -83,9 +83,8 @@ where
     if validation != FieldValidation::Ignore {
         scan_duplicates(body, &mut problems)?;
     }
-    let mut value: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("error decoding request body as JSON: {e}"))
-    })?;
+    let mut value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding request body as JSON: {e}")))?;
     let Some(map) = value.as_object_mut() else {
         return Err(ApiError::bad_request(
             "the request body must be a JSON object",
@@ -307,9 +306,13 @@ mod tests {
 
     #[test]
     fn a_valid_body_decodes_without_warnings() {
-        let d = decode::<Pod>(POD.as_bytes(), FieldValidation::Strict, ("v1", "Pod")).expect("valid");
+        let d =
+            decode::<Pod>(POD.as_bytes(), FieldValidation::Strict, ("v1", "Pod")).expect("valid");
         assert!(d.warnings.is_empty());
-        assert_eq!(d.object["spec"]["containers"][0]["ports"][0]["containerPort"], 80);
+        assert_eq!(
+            d.object["spec"]["containers"][0]["ports"][0]["containerPort"],
+            80
+        );
     }
 
     #[test]
@@ -332,7 +335,8 @@ mod tests {
             e.message,
             "strict decoding error: unknown field \"metadata.colour\", unknown field \"spec.containers[0].imagee\""
         );
-        let d = decode::<Pod>(body.as_bytes(), FieldValidation::Ignore, ("v1", "Pod")).expect("ignore");
+        let d =
+            decode::<Pod>(body.as_bytes(), FieldValidation::Ignore, ("v1", "Pod")).expect("ignore");
         assert!(d.warnings.is_empty());
     }
 
@@ -347,8 +351,12 @@ mod tests {
     fn duplicate_fields_are_reported() {
         let body = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"a","name":"b"},
             "spec":{"replicas":1,"replicas":2,"selector":{},"template":{}}}"#;
-        let e = decode::<Deployment>(body.as_bytes(), FieldValidation::Strict, ("apps/v1", "Deployment"))
-            .expect_err("duplicates refused");
+        let e = decode::<Deployment>(
+            body.as_bytes(),
+            FieldValidation::Strict,
+            ("apps/v1", "Deployment"),
+        )
+        .expect_err("duplicates refused");
         assert_eq!(
             e.message,
             "strict decoding error: duplicate field \"metadata.name\", duplicate field \"spec.replicas\""
@@ -359,13 +367,21 @@ mod tests {
     fn integers_never_pass_through_floats() {
         let body = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"a"},
             "spec":{"replicas":1.5,"selector":{},"template":{}}}"#;
-        let e = decode::<Deployment>(body.as_bytes(), FieldValidation::Ignore, ("apps/v1", "Deployment"))
-            .expect_err("a float is not an int32");
+        let e = decode::<Deployment>(
+            body.as_bytes(),
+            FieldValidation::Ignore,
+            ("apps/v1", "Deployment"),
+        )
+        .expect_err("a float is not an int32");
         assert_eq!(e.code, 400);
         assert!(e.message.contains("spec.replicas"), "{}", e.message);
         let body = body.replace("1.5", "1.0");
-        decode::<Deployment>(body.as_bytes(), FieldValidation::Ignore, ("apps/v1", "Deployment"))
-            .expect_err("1.0 is not an int32 either");
+        decode::<Deployment>(
+            body.as_bytes(),
+            FieldValidation::Ignore,
+            ("apps/v1", "Deployment"),
+        )
+        .expect_err("1.0 is not an int32 either");
     }
 
     #[test]
@@ -381,21 +397,32 @@ mod tests {
 
     #[test]
     fn missing_type_meta_comes_from_the_url_and_a_wrong_kind_is_refused() {
-        let d = decode::<Pod>(br#"{"metadata":{"name":"p"}}"#, FieldValidation::Strict, ("v1", "Pod"))
-            .expect("type meta defaulted");
+        let d = decode::<Pod>(
+            br#"{"metadata":{"name":"p"}}"#,
+            FieldValidation::Strict,
+            ("v1", "Pod"),
+        )
+        .expect("type meta defaulted");
         assert_eq!(d.object["kind"], "Pod");
-        decode::<Pod>(br#"{"apiVersion":"v1","kind":"Service"}"#, FieldValidation::Strict, ("v1", "Pod"))
-            .expect_err("a Service is not a Pod");
+        decode::<Pod>(
+            br#"{"apiVersion":"v1","kind":"Service"}"#,
+            FieldValidation::Strict,
+            ("v1", "Pod"),
+        )
+        .expect_err("a Service is not a Pod");
     }
 
     #[test]
     fn deep_nesting_and_garbage_are_bad_requests() {
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
-        let e = decode::<Pod>(deep.as_bytes(), FieldValidation::Strict, ("v1", "Pod")).expect_err("deep");
+        let e = decode::<Pod>(deep.as_bytes(), FieldValidation::Strict, ("v1", "Pod"))
+            .expect_err("deep");
         assert_eq!(e.code, 400);
-        let e = decode::<Pod>(b"{not json", FieldValidation::Strict, ("v1", "Pod")).expect_err("garbage");
+        let e = decode::<Pod>(b"{not json", FieldValidation::Strict, ("v1", "Pod"))
+            .expect_err("garbage");
         assert_eq!(e.code, 400);
-        let e = decode::<Pod>(b"[]", FieldValidation::Ignore, ("v1", "Pod")).expect_err("not an object");
+        let e = decode::<Pod>(b"[]", FieldValidation::Ignore, ("v1", "Pod"))
+            .expect_err("not an object");
         assert_eq!(e.code, 400);
     }
 }

@@ -53,14 +53,22 @@ fn check_owner_refs(
             Ok(found)
         }
     };
-    let decision = can_set_blocking_owner_finalizers(user, namespace, &blocking, &mut resolve, server.rbac.as_ref());
+    let decision = can_set_blocking_owner_finalizers(
+        user,
+        namespace,
+        &blocking,
+        &mut resolve,
+        server.rbac.as_ref(),
+    );
     if decision.allowed {
         Ok(())
     } else {
         Err(ApiError::forbidden(format!(
             "{} {:?} is forbidden: {}",
             skerry_api::status::qualified(resource.group, resource.resource),
-            new.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(""),
+            new.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or(""),
             decision.reason
         )))
     }

@@ -53,7 +53,10 @@ pub enum Round {
 }
 
 /// Runs one round: the CAS, and the compaction if won.
-pub async fn round(store: &Store, state: CompactorState) -> Result<(CompactorState, Round), skerry_store::StoreError> {
+pub async fn round(
+    store: &Store,
+    state: CompactorState,
+) -> Result<(CompactorState, Round), skerry_store::StoreError> {
     let key = Bytes::from_static(COMPACT_REV_KEY.as_bytes());
     let resp = store
         .txn(TxnRequest {
@@ -72,7 +75,10 @@ pub async fn round(store: &Store, state: CompactorState) -> Result<(CompactorSta
                 })),
             }],
             failure: vec![RequestOp {
-                request: Some(request_op::Request::RequestRange(RangeRequest { key, ..Default::default() })),
+                request: Some(request_op::Request::RequestRange(RangeRequest {
+                    key,
+                    ..Default::default()
+                })),
             }],
         })
         .await?;
@@ -83,20 +89,33 @@ pub async fn round(store: &Store, state: CompactorState) -> Result<(CompactorSta
             .responses
             .first()
             .and_then(|r| match &r.response {
-                Some(response_op::Response::ResponseRange(range)) => range.kvs.first().map(|kv| kv.version),
+                Some(response_op::Response::ResponseRange(range)) => {
+                    range.kvs.first().map(|kv| kv.version)
+                }
                 _ => None,
             })
             .unwrap_or(0);
-        return Ok((CompactorState { time, revision: current_revision }, Round::Lost));
+        return Ok((
+            CompactorState {
+                time,
+                revision: current_revision,
+            },
+            Round::Lost,
+        ));
     }
-    let next = CompactorState { time: state.time + 1, revision: current_revision };
+    let next = CompactorState {
+        time: state.time + 1,
+        revision: current_revision,
+    };
     if state.revision == 0 {
         return Ok((next, Round::WonWithoutTarget));
     }
     match store.compact(state.revision, false).await {
         Ok(_) => Ok((next, Round::Compacted(state.revision))),
         // Already compacted past it (an operator ran `etcdctl compact`): nothing to do.
-        Err(skerry_store::StoreError::Compacted { .. }) => Ok((next, Round::Compacted(state.revision))),
+        Err(skerry_store::StoreError::Compacted { .. }) => {
+            Ok((next, Round::Compacted(state.revision)))
+        }
         Err(e) => Err(e),
     }
 }
@@ -125,7 +144,11 @@ mod tests {
 
     async fn put(store: &Store, key: &str) -> i64 {
         store
-            .put(PutRequest { key: Bytes::from(key.to_string()), value: Bytes::from_static(b"v"), ..Default::default() })
+            .put(PutRequest {
+                key: Bytes::from(key.to_string()),
+                value: Bytes::from_static(b"v"),
+                ..Default::default()
+            })
             .await
             .expect("put")
             .header
@@ -147,7 +170,10 @@ mod tests {
             *s = next;
             outcomes.push(outcome);
         }
-        assert_eq!(outcomes, vec![Round::WonWithoutTarget, Round::Lost, Round::Lost]);
+        assert_eq!(
+            outcomes,
+            vec![Round::WonWithoutTarget, Round::Lost, Round::Lost]
+        );
         let seen_at_round_one = states[0].revision;
         for i in 0..5 {
             put(&store, &format!("/registry/b{i}")).await;
@@ -159,10 +185,18 @@ mod tests {
             *s = next;
             outcomes.push(outcome);
         }
-        let wins: Vec<_> = outcomes.iter().filter(|o| matches!(o, Round::Compacted(_))).collect();
+        let wins: Vec<_> = outcomes
+            .iter()
+            .filter(|o| matches!(o, Round::Compacted(_)))
+            .collect();
         assert_eq!(wins.len(), 1, "{outcomes:?}");
-        let Round::Compacted(rev) = wins[0] else { unreachable!() };
-        assert!(*rev <= seen_at_round_one + 1, "compacted to {rev}, seen a round ago {seen_at_round_one}");
+        let Round::Compacted(rev) = wins[0] else {
+            unreachable!()
+        };
+        assert!(
+            *rev <= seen_at_round_one + 1,
+            "compacted to {rev}, seen a round ago {seen_at_round_one}"
+        );
         assert_eq!(store.compact_revision(), *rev);
         // Newer history stays readable.
         assert!(store.revision() > *rev);

@@ -216,11 +216,21 @@ mod tests {
             .iter()
             .filter_map(|r| r["name"].as_str())
             .collect();
-        assert!(names.contains(&"pods") && names.contains(&"pods/status") && names.contains(&"namespaces"));
+        assert!(
+            names.contains(&"pods")
+                && names.contains(&"pods/status")
+                && names.contains(&"namespaces")
+        );
         assert!(resource_list("apps", "v1").is_some());
         assert!(resource_list("apps", "v2").is_none());
         let groups = legacy_api_groups();
-        assert!(groups["groups"].as_array().expect("groups").iter().any(|g| g["name"] == "apps"));
+        assert!(
+            groups["groups"]
+                .as_array()
+                .expect("groups")
+                .iter()
+                .any(|g| g["name"] == "apps")
+        );
         assert!(legacy_api_group("").is_none());
     }
 
@@ -232,7 +242,10 @@ mod tests {
         let named = aggregated(false);
         let items = named["items"].as_array().expect("items");
         assert!(items.iter().all(|i| i["metadata"]["name"] != ""));
-        let apps = items.iter().find(|i| i["metadata"]["name"] == "apps").expect("apps");
+        let apps = items
+            .iter()
+            .find(|i| i["metadata"]["name"] == "apps")
+            .expect("apps");
         let deploy = apps["versions"][0]["resources"]
             .as_array()
             .expect("resources")
@@ -240,7 +253,10 @@ mod tests {
             .find(|r| r["resource"] == "deployments")
             .expect("deployments");
         assert_eq!(deploy["subresources"][1]["responseKind"]["kind"], "Scale");
-        assert_eq!(deploy["subresources"][1]["responseKind"]["group"], "autoscaling");
+        assert_eq!(
+            deploy["subresources"][1]["responseKind"]["group"],
+            "autoscaling"
+        );
     }
 
     #[test]

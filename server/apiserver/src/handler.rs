@@ -114,9 +114,17 @@ impl ApiServer {
     pub fn start(store: Store, config: Config) -> Arc<ApiServer> {
         let mut caches = HashMap::new();
         for resource in skerry_api::catalogue::stored() {
-            caches.insert(resource.resource, WatchCache::start(resource, store.clone()));
+            caches.insert(
+                resource.resource,
+                WatchCache::start(resource, store.clone()),
+            );
         }
-        let cache = |name: &str| caches.get(name).cloned().expect("RBAC resources are stored and cached");
+        let cache = |name: &str| {
+            caches
+                .get(name)
+                .cloned()
+                .expect("RBAC resources are stored and cached")
+        };
         let rbac = Arc::new(crate::rbac_cache::CacheRbac::new(
             cache("clusterroles"),
             cache("clusterrolebindings"),
@@ -166,16 +174,17 @@ impl ApiServer {
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let user = match self
-            .authenticator
-            .authenticate(&peer_certs, authorization, SystemTime::now())
-        {
-            Ok(user) => user,
-            Err(e) => {
-                tracing::debug!(error = %e, "authentication failed");
-                return response::error(&ApiError::unauthorized());
-            }
-        };
+        let user =
+            match self
+                .authenticator
+                .authenticate(&peer_certs, authorization, SystemTime::now())
+            {
+                Ok(user) => user,
+                Err(e) => {
+                    tracing::debug!(error = %e, "authentication failed");
+                    return response::error(&ApiError::unauthorized());
+                }
+            };
         if user.is_anonymous() && !auth::anonymous_allowed(&path) {
             return response::error(&ApiError::unauthorized());
         }
@@ -238,8 +247,14 @@ impl ApiServer {
         let message = if info.resource_request {
             let resource = skerry_api::status::qualified(&info.group, &info.resource);
             match &info.name {
-                Some(name) => format!("{resource} {name:?} is forbidden: {}", attributes.forbidden_message()),
-                None => format!("{resource} is forbidden: {}", attributes.forbidden_message()),
+                Some(name) => format!(
+                    "{resource} {name:?} is forbidden: {}",
+                    attributes.forbidden_message()
+                ),
+                None => format!(
+                    "{resource} is forbidden: {}",
+                    attributes.forbidden_message()
+                ),
             }
         } else {
             format!("forbidden: {}", attributes.forbidden_message())
@@ -269,7 +284,12 @@ impl ApiServer {
         };
         match path {
             "/version" => get_only(Ok(response::json(200, &discovery::version(), &[]))),
-            "/healthz" | "/livez" => get_only(Ok(response::bytes(200, "text/plain; charset=utf-8", "ok", &[]))),
+            "/healthz" | "/livez" => get_only(Ok(response::bytes(
+                200,
+                "text/plain; charset=utf-8",
+                "ok",
+                &[],
+            ))),
             "/readyz" => get_only(self.readyz().await),
             "/metrics" => get_only(Ok(self.metrics.render(self))),
             "/api" => get_only(match req.format()? {
@@ -278,7 +298,11 @@ impl ApiServer {
                     &discovery::aggregated(true),
                     discovery::AGGREGATED_CONTENT_TYPE,
                 )),
-                _ => Ok(response::json(200, &discovery::legacy_api_versions(&self.server_address), &[])),
+                _ => Ok(response::json(
+                    200,
+                    &discovery::legacy_api_versions(&self.server_address),
+                    &[],
+                )),
             }),
             "/apis" => get_only(match req.format()? {
                 Format::AggregatedDiscovery => Ok(response::json_as(
@@ -290,7 +314,9 @@ impl ApiServer {
             }),
             "/openapi/v2" => get_only(crate::openapi::v2(&req)),
             "/openapi/v3" => get_only(crate::openapi::v3_index(&req)),
-            p if p.starts_with("/openapi/v3/") => get_only(crate::openapi::v3(&req, &p["/openapi/v3/".len()..])),
+            p if p.starts_with("/openapi/v3/") => {
+                get_only(crate::openapi::v3(&req, &p["/openapi/v3/".len()..]))
+            }
             p => {
                 let parts: Vec<&str> = p.trim_start_matches('/').split('/').collect();
                 let doc = match parts.as_slice() {
@@ -310,15 +336,24 @@ impl ApiServer {
     /// Ready when the store answers a linearizable read (a member cut off from its quorum is
     /// not ready) and every watch cache has loaded.
     async fn readyz(&self) -> Result<Response<Body>, ApiError> {
-        let barrier = tokio::time::timeout(READYZ_STORE_TIMEOUT, self.store.linearizable_barrier()).await;
+        let barrier =
+            tokio::time::timeout(READYZ_STORE_TIMEOUT, self.store.linearizable_barrier()).await;
         let store_ok = matches!(barrier, Ok(Ok(())));
         let caches_ok = self.caches.values().all(|c| c.is_ready());
         if store_ok && caches_ok {
             return Ok(response::bytes(200, "text/plain; charset=utf-8", "ok", &[]));
         }
         let mut text = String::new();
-        text.push_str(if store_ok { "[+]etcd ok\n" } else { "[-]etcd failed: no quorum read\n" });
-        text.push_str(if caches_ok { "[+]watch-cache ok\n" } else { "[-]watch-cache failed: still loading\n" });
+        text.push_str(if store_ok {
+            "[+]etcd ok\n"
+        } else {
+            "[-]etcd failed: no quorum read\n"
+        });
+        text.push_str(if caches_ok {
+            "[+]watch-cache ok\n"
+        } else {
+            "[-]watch-cache failed: still loading\n"
+        });
         text.push_str("readyz check failed\n");
         Ok(response::bytes(500, "text/plain; charset=utf-8", text, &[]))
     }
@@ -333,10 +368,14 @@ async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
     match Limited::new(body, REQUEST_BODY_BYTES_MAX).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
                 Err(ApiError::request_entity_too_large(REQUEST_BODY_BYTES_MAX))
             } else {
-                Err(ApiError::bad_request(format!("reading the request body: {e}")))
+                Err(ApiError::bad_request(format!(
+                    "reading the request body: {e}"
+                )))
             }
         }
     }

@@ -122,7 +122,10 @@ impl Metrics {
             ])
             .inc();
         self.request_duration
-            .get_or_create(&vec![("verb".into(), verb), ("resource".into(), resource.to_string())])
+            .get_or_create(&vec![
+                ("verb".into(), verb),
+                ("resource".into(), resource.to_string()),
+            ])
             .observe(elapsed.as_secs_f64());
     }
 
@@ -165,7 +168,9 @@ impl Metrics {
                 text,
                 &[],
             ),
-            Err(e) => response::error(&skerry_api::ApiError::internal(format!("encoding metrics: {e}"))),
+            Err(e) => response::error(&skerry_api::ApiError::internal(format!(
+                "encoding metrics: {e}"
+            ))),
         }
     }
 }
@@ -181,8 +186,21 @@ mod tests {
         m.observe_store("list", "pods", Duration::from_millis(1));
         let mut text = String::new();
         encode(&mut text, &m.registry).expect("encode");
-        assert!(text.contains("apiserver_request_total{verb=\"LIST\",resource=\"pods\",code=\"200\"} 1"), "{text}");
-        assert!(text.contains("apiserver_request_duration_seconds_bucket{"), "{text}");
-        assert!(text.contains("etcd_request_duration_seconds_count{operation=\"list\",type=\"pods\"} 1"), "{text}");
+        assert!(
+            text.contains(
+                "apiserver_request_total{verb=\"LIST\",resource=\"pods\",code=\"200\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("apiserver_request_duration_seconds_bucket{"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "etcd_request_duration_seconds_count{operation=\"list\",type=\"pods\"} 1"
+            ),
+            "{text}"
+        );
     }
 }

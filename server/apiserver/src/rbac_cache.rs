@@ -92,11 +92,18 @@ impl RbacSource for CacheRbac {
         self.snapshot().role(namespace, name)
     }
 
-    fn for_each_cluster_role_binding(&self, visit: &mut dyn FnMut(&ClusterRoleBinding) -> ControlFlow<()>) {
+    fn for_each_cluster_role_binding(
+        &self,
+        visit: &mut dyn FnMut(&ClusterRoleBinding) -> ControlFlow<()>,
+    ) {
         self.snapshot().for_each_cluster_role_binding(visit)
     }
 
-    fn for_each_role_binding(&self, namespace: &str, visit: &mut dyn FnMut(&RoleBinding) -> ControlFlow<()>) {
+    fn for_each_role_binding(
+        &self,
+        namespace: &str,
+        visit: &mut dyn FnMut(&RoleBinding) -> ControlFlow<()>,
+    ) {
         self.snapshot().for_each_role_binding(namespace, visit)
     }
 }

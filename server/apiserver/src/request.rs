@@ -75,13 +75,11 @@ impl RequestInfo {
             parts.remove(0);
         }
         let mut namespace = None;
-        if parts.first() == Some(&"namespaces") {
-            if parts.len() > 1 {
-                namespace = Some(parts[1].to_string());
-                // `namespaces/<ns>/<resource>...`, except the namespace's own subresources.
-                if parts.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&parts[2]) {
-                    parts.drain(..2);
-                }
+        if parts.first() == Some(&"namespaces") && parts.len() > 1 {
+            namespace = Some(parts[1].to_string());
+            // `namespaces/<ns>/<resource>...`, except the namespace's own subresources.
+            if parts.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&parts[2]) {
+                parts.drain(..2);
             }
         }
         let resource = parts.first().map(|s| s.to_string()).unwrap_or_default();
@@ -143,14 +141,32 @@ mod tests {
     #[test]
     fn reads_resources_like_kubernetes() {
         let i = info(Method::GET, "/api/v1/namespaces/default/pods/web", "");
-        assert_eq!((i.verb.as_str(), i.namespace.as_deref(), i.resource.as_str(), i.name.as_deref()),
-            ("get", Some("default"), "pods", Some("web")));
-        let i = info(Method::GET, "/apis/apps/v1/namespaces/ns/deployments", "watch=true");
+        assert_eq!(
+            (
+                i.verb.as_str(),
+                i.namespace.as_deref(),
+                i.resource.as_str(),
+                i.name.as_deref()
+            ),
+            ("get", Some("default"), "pods", Some("web"))
+        );
+        let i = info(
+            Method::GET,
+            "/apis/apps/v1/namespaces/ns/deployments",
+            "watch=true",
+        );
         assert_eq!((i.verb.as_str(), i.group.as_str()), ("watch", "apps"));
         let i = info(Method::GET, "/api/v1/pods", "");
         assert_eq!((i.verb.as_str(), i.namespace), ("list", None));
-        let i = info(Method::PATCH, "/apis/apps/v1/namespaces/ns/deployments/d/scale", "");
-        assert_eq!((i.verb.as_str(), i.subresource.as_deref()), ("patch", Some("scale")));
+        let i = info(
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/ns/deployments/d/scale",
+            "",
+        );
+        assert_eq!(
+            (i.verb.as_str(), i.subresource.as_deref()),
+            ("patch", Some("scale"))
+        );
         let i = info(Method::DELETE, "/api/v1/namespaces/ns/configmaps", "");
         assert_eq!(i.verb, "deletecollection");
         let i = info(Method::GET, "/api/v1/watch/namespaces/ns/pods", "");
@@ -160,16 +176,34 @@ mod tests {
     #[test]
     fn namespaces_are_named_by_their_path() {
         let i = info(Method::GET, "/api/v1/namespaces/kube-system", "");
-        assert_eq!((i.resource.as_str(), i.name.as_deref(), i.namespace), ("namespaces", Some("kube-system"), None));
+        assert_eq!(
+            (i.resource.as_str(), i.name.as_deref(), i.namespace),
+            ("namespaces", Some("kube-system"), None)
+        );
         let i = info(Method::PUT, "/api/v1/namespaces/ns/finalize", "");
-        assert_eq!((i.resource.as_str(), i.name.as_deref(), i.subresource.as_deref()), ("namespaces", Some("ns"), Some("finalize")));
+        assert_eq!(
+            (
+                i.resource.as_str(),
+                i.name.as_deref(),
+                i.subresource.as_deref()
+            ),
+            ("namespaces", Some("ns"), Some("finalize"))
+        );
         let i = info(Method::GET, "/api/v1/namespaces", "");
         assert_eq!(i.verb, "list");
     }
 
     #[test]
     fn other_paths_are_not_resources() {
-        for p in ["/version", "/api", "/apis", "/api/v1", "/apis/apps/v1", "/openapi/v2", "/healthz"] {
+        for p in [
+            "/version",
+            "/api",
+            "/apis",
+            "/api/v1",
+            "/apis/apps/v1",
+            "/openapi/v2",
+            "/healthz",
+        ] {
             let i = info(Method::GET, p, "");
             assert!(!i.resource_request, "{p}");
             assert_eq!(i.verb, "get");

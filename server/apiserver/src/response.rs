@@ -113,7 +113,12 @@ pub fn json_as(code: u16, value: &Value, content_type: &str) -> Response<Body> {
 }
 
 /// A response of pre-encoded bytes.
-pub fn bytes(code: u16, content_type: &str, body: impl Into<Bytes>, warnings: &[String]) -> Response<Body> {
+pub fn bytes(
+    code: u16,
+    content_type: &str,
+    body: impl Into<Bytes>,
+    warnings: &[String],
+) -> Response<Body> {
     let mut response = Response::new(full(body));
     *response.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
     if let Ok(v) = HeaderValue::from_str(content_type) {
@@ -151,12 +156,27 @@ mod tests {
     #[test]
     fn kubectl_accept_headers_negotiate() {
         let get = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
-        assert_eq!(negotiate(Some(get), IncludeObject::Metadata), Ok(Format::Table(IncludeObject::Metadata)));
+        assert_eq!(
+            negotiate(Some(get), IncludeObject::Metadata),
+            Ok(Format::Table(IncludeObject::Metadata))
+        );
         let disco = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
-        assert_eq!(negotiate(Some(disco), IncludeObject::Metadata), Ok(Format::AggregatedDiscovery));
-        assert_eq!(negotiate(Some("application/vnd.kubernetes.protobuf, */*"), IncludeObject::Metadata), Ok(Format::Protobuf));
+        assert_eq!(
+            negotiate(Some(disco), IncludeObject::Metadata),
+            Ok(Format::AggregatedDiscovery)
+        );
+        assert_eq!(
+            negotiate(
+                Some("application/vnd.kubernetes.protobuf, */*"),
+                IncludeObject::Metadata
+            ),
+            Ok(Format::Protobuf)
+        );
         assert_eq!(negotiate(None, IncludeObject::Metadata), Ok(Format::Json));
-        assert_eq!(negotiate(Some("text/html"), IncludeObject::Metadata).map_err(|e| e.code), Err(406));
+        assert_eq!(
+            negotiate(Some("text/html"), IncludeObject::Metadata).map_err(|e| e.code),
+            Err(406)
+        );
     }
 
     #[test]

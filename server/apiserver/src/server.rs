@@ -58,7 +58,8 @@ pub async fn serve(
         let writes = writes.clone();
         let mut conn_shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+            {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {
                     tracing::debug!(%peer, error = %e, "TLS handshake failed");

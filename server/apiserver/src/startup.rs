@@ -13,9 +13,15 @@ use crate::auth::rbac::aggregate_cluster_roles;
 use crate::storage::{self, WriteError};
 
 /// Namespaces every Kubernetes cluster has.
-pub const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+pub const SYSTEM_NAMESPACES: [&str; 4] =
+    ["default", "kube-system", "kube-public", "kube-node-lease"];
 
-async fn create_if_missing(store: &Store, resource: &str, group: &str, mut object: Value) -> Result<(), ApiError> {
+async fn create_if_missing(
+    store: &Store,
+    resource: &str,
+    group: &str,
+    mut object: Value,
+) -> Result<(), ApiError> {
     let info = lookup(group, "v1", resource).expect("bootstrap resources are served");
     meta::prepare_create(info, &mut object, None)?;
     skerry_api::defaults::apply_defaults(info, &mut object);
@@ -32,7 +38,13 @@ async fn create_if_missing(store: &Store, resource: &str, group: &str, mut objec
 /// Seeds the store. Safe to run on every start and on every member.
 pub async fn bootstrap(store: &Store) -> Result<(), ApiError> {
     for ns in SYSTEM_NAMESPACES {
-        create_if_missing(store, "namespaces", "", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})).await?;
+        create_if_missing(
+            store,
+            "namespaces",
+            "",
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await?;
     }
     let mut roles = cluster_roles();
     aggregate_cluster_roles(&mut roles);
@@ -41,8 +53,15 @@ pub async fn bootstrap(store: &Store) -> Result<(), ApiError> {
         create_if_missing(store, "clusterroles", "rbac.authorization.k8s.io", value).await?;
     }
     for binding in cluster_role_bindings() {
-        let value = serde_json::to_value(&binding).map_err(|e| ApiError::internal(e.to_string()))?;
-        create_if_missing(store, "clusterrolebindings", "rbac.authorization.k8s.io", value).await?;
+        let value =
+            serde_json::to_value(&binding).map_err(|e| ApiError::internal(e.to_string()))?;
+        create_if_missing(
+            store,
+            "clusterrolebindings",
+            "rbac.authorization.k8s.io",
+            value,
+        )
+        .await?;
     }
     Ok(())
 }

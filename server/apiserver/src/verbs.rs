@@ -76,8 +76,12 @@ pub async fn serve(server: &Arc<ApiServer>, req: Request) -> Result<Response<Bod
         ("create", None) => create(server, resource, &req).await,
         ("create", Some("binding")) => crate::subresources::bind(server, resource, &req).await,
         ("create", Some("token")) => crate::subresources::token(server, resource, &req).await,
-        ("update", None | Some("status") | Some("finalize")) => update(server, resource, &req).await,
-        ("update", Some("scale")) => crate::subresources::update_scale(server, resource, &req).await,
+        ("update", None | Some("status") | Some("finalize")) => {
+            update(server, resource, &req).await
+        }
+        ("update", Some("scale")) => {
+            crate::subresources::update_scale(server, resource, &req).await
+        }
         ("patch", None | Some("status")) => patch(server, resource, &req).await,
         ("patch", Some("scale")) => crate::subresources::patch_scale(server, resource, &req).await,
         ("delete", None) => delete(server, resource, &req).await,
@@ -109,7 +113,11 @@ pub async fn current(
         .ok_or_else(|| ApiError::not_found(resource.group, resource.resource, name))
 }
 
-async fn get(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+async fn get(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    req: &Request,
+) -> Result<Response<Body>, ApiError> {
     let name = name_of(req)?;
     let format = req.format()?;
     let namespace = req.info.namespace.as_deref();
@@ -136,13 +144,26 @@ pub fn object_response(
     match format {
         Format::Table(include) => {
             let rv = object.resource_version().to_string();
-            let table = crate::table::table(resource, std::slice::from_ref(object), include, &rv, None, None);
+            let table = crate::table::table(
+                resource,
+                std::slice::from_ref(object),
+                include,
+                &rv,
+                None,
+                None,
+            );
             response::json(code, &table, warnings)
         }
-        Format::PartialObjectMetadata => {
-            response::json(code, &crate::table::partial_metadata(object.value()), warnings)
-        }
-        Format::Protobuf => match skerry_api::protobuf::encode(&resource.api_version(), resource.kind, object.value()) {
+        Format::PartialObjectMetadata => response::json(
+            code,
+            &crate::table::partial_metadata(object.value()),
+            warnings,
+        ),
+        Format::Protobuf => match skerry_api::protobuf::encode(
+            &resource.api_version(),
+            resource.kind,
+            object.value(),
+        ) {
             Ok(bytes) => response::bytes(code, response::PROTOBUF, bytes, warnings),
             Err(e) => response::error(&ApiError::internal(format!("encoding protobuf: {e}"))),
         },
@@ -152,12 +173,13 @@ pub fn object_response(
 
 /// The LIST options of a request.
 pub fn list_options(req: &Request) -> Result<ListOptions, ApiError> {
-    let resource_version = match req.param("resourceVersion") {
-        None | Some("") => None,
-        Some(rv) => Some(rv.parse::<i64>().ok().filter(|v| *v >= 0).ok_or_else(|| {
-            ApiError::bad_request(format!("invalid resource version: {rv:?}"))
-        })?),
-    };
+    let resource_version =
+        match req.param("resourceVersion") {
+            None | Some("") => None,
+            Some(rv) => Some(rv.parse::<i64>().ok().filter(|v| *v >= 0).ok_or_else(|| {
+                ApiError::bad_request(format!("invalid resource version: {rv:?}"))
+            })?),
+        };
     let resource_version_match = match req.param("resourceVersionMatch") {
         None | Some("") => None,
         Some("NotOlderThan") => Some(ResourceVersionMatch::NotOlderThan),
@@ -180,7 +202,10 @@ pub fn list_options(req: &Request) -> Result<ListOptions, ApiError> {
                 .map_err(|_| ApiError::bad_request(format!("invalid limit: {l:?}")))?,
         ),
     };
-    let continue_token = req.param("continue").filter(|c| !c.is_empty()).map(str::to_string);
+    let continue_token = req
+        .param("continue")
+        .filter(|c| !c.is_empty())
+        .map(str::to_string);
     Ok(ListOptions {
         resource_version,
         resource_version_match,
@@ -202,7 +227,11 @@ pub fn filter_of(resource: &ResourceInfo, req: &Request) -> Result<Option<Filter
     })))
 }
 
-async fn list(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+async fn list(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    req: &Request,
+) -> Result<Response<Body>, ApiError> {
     let opts = list_options(req)?;
     let filter = filter_of(resource, req)?;
     let format = req.format()?;
@@ -225,7 +254,11 @@ async fn list(server: &ApiServer, resource: &'static ResourceInfo, req: &Request
 }
 
 /// A list in the asked format.
-pub fn list_response(resource: &ResourceInfo, list: &storage::CachedList, format: Format) -> Response<Body> {
+pub fn list_response(
+    resource: &ResourceInfo,
+    list: &storage::CachedList,
+    format: Format,
+) -> Response<Body> {
     let rv = list.resource_version.to_string();
     match format {
         Format::Table(include) => {
@@ -245,13 +278,18 @@ pub fn list_response(resource: &ResourceInfo, list: &storage::CachedList, format
                 items.push(o.value().clone());
             }
             let value = list_value(resource, items, &rv, list);
-            match skerry_api::protobuf::encode(&resource.api_version(), resource.list_kind, &value) {
+            match skerry_api::protobuf::encode(&resource.api_version(), resource.list_kind, &value)
+            {
                 Ok(bytes) => response::bytes(200, response::PROTOBUF, bytes, &[]),
                 Err(e) => response::error(&ApiError::internal(format!("encoding protobuf: {e}"))),
             }
         }
         Format::PartialObjectMetadata => {
-            let items = list.items.iter().map(|o| crate::table::partial_metadata(o.value())).collect();
+            let items = list
+                .items
+                .iter()
+                .map(|o| crate::table::partial_metadata(o.value()))
+                .collect();
             let mut value = list_value(resource, items, &rv, list);
             value["kind"] = json!("PartialObjectMetadataList");
             value["apiVersion"] = json!("meta.k8s.io/v1");
@@ -277,7 +315,12 @@ pub fn list_response(resource: &ResourceInfo, list: &storage::CachedList, format
     }
 }
 
-fn list_value(resource: &ResourceInfo, items: Vec<Value>, rv: &str, list: &storage::CachedList) -> Value {
+fn list_value(
+    resource: &ResourceInfo,
+    items: Vec<Value>,
+    rv: &str,
+    list: &storage::CachedList,
+) -> Value {
     let mut metadata = json!({"resourceVersion": rv});
     if let Some(c) = &list.continue_token {
         metadata["continue"] = json!(c);
@@ -294,7 +337,10 @@ fn list_value(resource: &ResourceInfo, items: Vec<Value>, rv: &str, list: &stora
 }
 
 /// Decodes a create/update body (JSON or protobuf) strictly into the resource's type.
-pub fn decode_body(resource: &ResourceInfo, req: &Request) -> Result<(Value, Vec<String>), ApiError> {
+pub fn decode_body(
+    resource: &ResourceInfo,
+    req: &Request,
+) -> Result<(Value, Vec<String>), ApiError> {
     let validation = FieldValidation::parse(req.param("fieldValidation"))?;
     let content_type = req.content_type();
     let media = content_type.split(';').next().unwrap_or("").trim();
@@ -306,7 +352,10 @@ pub fn decode_body(resource: &ResourceInfo, req: &Request) -> Result<(Value, Vec
             if type_meta.kind != resource.kind || type_meta.api_version != resource.api_version() {
                 return Err(ApiError::bad_request(format!(
                     "the body is a {} {}, expected {} {}",
-                    type_meta.api_version, type_meta.kind, resource.api_version(), resource.kind
+                    type_meta.api_version,
+                    type_meta.kind,
+                    resource.api_version(),
+                    resource.kind
                 )));
             }
             skerry_api::kinds::decode_value(resource, value, validation)?
@@ -323,18 +372,30 @@ pub fn decode_body(resource: &ResourceInfo, req: &Request) -> Result<(Value, Vec
 
 /// Refuses writes into a namespace that does not exist or is being deleted (Kubernetes'
 /// NamespaceLifecycle admission).
-async fn admit_namespace(server: &ApiServer, resource: &ResourceInfo, namespace: Option<&str>) -> Result<(), ApiError> {
+async fn admit_namespace(
+    server: &ApiServer,
+    resource: &ResourceInfo,
+    namespace: Option<&str>,
+) -> Result<(), ApiError> {
     let Some(ns) = namespace.filter(|_| resource.namespaced) else {
         return Ok(());
     };
     let namespaces = catalogue::lookup("", "v1", "namespaces").expect("namespaces are served");
-    let found = match server.caches.get("namespaces").and_then(|c| c.get(None, ns)) {
+    let found = match server
+        .caches
+        .get("namespaces")
+        .and_then(|c| c.get(None, ns))
+    {
         Some(o) => Some(o),
         None => storage::get(&server.store, namespaces, None, ns).await?,
     };
     match found {
         None => Err(ApiError::not_found("", "namespaces", ns)),
-        Some(o) if o.value().pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null()) => {
+        Some(o)
+            if o.value()
+                .pointer("/metadata/deletionTimestamp")
+                .is_some_and(|v| !v.is_null()) =>
+        {
             Err(ApiError::forbidden(format!(
                 "unable to create new content in namespace {ns} because it is being terminated"
             )))
@@ -343,21 +404,38 @@ async fn admit_namespace(server: &ApiServer, resource: &ResourceInfo, namespace:
     }
 }
 
-fn invalid(resource: &ResourceInfo, name: &str, causes: Vec<skerry_api::Cause>) -> Result<(), ApiError> {
+fn invalid(
+    resource: &ResourceInfo,
+    name: &str,
+    causes: Vec<skerry_api::Cause>,
+) -> Result<(), ApiError> {
     if causes.is_empty() {
         Ok(())
     } else {
-        Err(ApiError::invalid(resource.group, resource.kind, name, causes))
+        Err(ApiError::invalid(
+            resource.group,
+            resource.kind,
+            name,
+            causes,
+        ))
     }
 }
 
-async fn create(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+async fn create(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    req: &Request,
+) -> Result<Response<Body>, ApiError> {
     let (mut object, warnings) = decode_body(resource, req)?;
     let namespace = req.info.namespace.as_deref();
     meta::prepare_create(resource, &mut object, namespace)?;
     skerry_api::defaults::apply_defaults(resource, &mut object);
     let name = meta::name(&object).to_string();
-    invalid(resource, &name, skerry_api::validation::validate_create(resource, &object))?;
+    invalid(
+        resource,
+        &name,
+        skerry_api::validation::validate_create(resource, &object),
+    )?;
     admit_namespace(server, resource, namespace).await?;
     crate::admission::admit_create(server, resource, &mut object, &req.user).await?;
     {
@@ -367,21 +445,33 @@ async fn create(server: &ApiServer, resource: &'static ResourceInfo, req: &Reque
     }
     let format = req.format()?;
     if req.dry_run()? {
-        return Ok(object_response(resource, 201, &CachedObject::new(object, None), format, &warnings));
+        return Ok(object_response(
+            resource,
+            201,
+            &CachedObject::new(object, None),
+            format,
+            &warnings,
+        ));
     }
     let stored = storage::create(&server.store, resource, namespace, &name, object)
         .await
         .map_err(|e| e.into_api_error(resource, &name))?;
-    Ok(object_response(resource, 201, &CachedObject::new(stored, None), format, &warnings))
+    Ok(object_response(
+        resource,
+        201,
+        &CachedObject::new(stored, None),
+        format,
+        &warnings,
+    ))
 }
 
 /// The `fieldManager` of a write, or the default Kubernetes derives from the user agent
 /// (`kubectl-create`, ...); validated as Kubernetes does (at most 128 characters).
 fn field_manager<'a>(req: &'a Request, fallback: &'a str) -> Result<&'a str, ApiError> {
     match req.param("fieldManager") {
-        Some(m) if m.chars().count() > FIELD_MANAGER_LEN_MAX => Err(ApiError::bad_request(format!(
-            "fieldManager: Too long: may not be more than {FIELD_MANAGER_LEN_MAX} bytes"
-        ))),
+        Some(m) if m.chars().count() > FIELD_MANAGER_LEN_MAX => Err(ApiError::bad_request(
+            format!("fieldManager: Too long: may not be more than {FIELD_MANAGER_LEN_MAX} bytes"),
+        )),
         Some(m) if !m.is_empty() => Ok(m),
         _ => Ok(req
             .headers
@@ -424,18 +514,29 @@ pub(crate) async fn write_update(
 ) -> Result<Value, WriteError> {
     let namespace = req.info.namespace.as_deref();
     let name = old.name().to_string();
-    meta::prepare_update(resource, old.value(), &mut new, req.info.subresource.as_deref());
+    meta::prepare_update(
+        resource,
+        old.value(),
+        &mut new,
+        req.info.subresource.as_deref(),
+    );
     if req.info.subresource.is_none() {
         skerry_api::defaults::apply_defaults(resource, &mut new);
     }
-    invalid(resource, &name, skerry_api::validation::validate_update(resource, old.value(), &new))?;
+    invalid(
+        resource,
+        &name,
+        skerry_api::validation::validate_update(resource, old.value(), &new),
+    )?;
     crate::admission::admit_update(server, resource, old.value(), &mut new, &req.user).await?;
     {
         let now = meta::now();
         let manager = field_manager_of(resource, req, "update", &now)?;
         skerry_api::patch::record_update(&manager, Some(old.value()), &mut new);
     }
-    let deleting = new.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null());
+    let deleting = new
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null());
     let finalizers_left = new
         .pointer("/metadata/finalizers")
         .and_then(Value::as_array)
@@ -444,12 +545,31 @@ pub(crate) async fn write_update(
         return Ok(new);
     }
     if deleting && !finalizers_left {
-        return storage::delete(&server.store, resource, namespace, &name, Some(old.resource_version())).await;
+        return storage::delete(
+            &server.store,
+            resource,
+            namespace,
+            &name,
+            Some(old.resource_version()),
+        )
+        .await;
     }
-    storage::update(&server.store, resource, namespace, &name, new, old.resource_version()).await
+    storage::update(
+        &server.store,
+        resource,
+        namespace,
+        &name,
+        new,
+        old.resource_version(),
+    )
+    .await
 }
 
-async fn update(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+async fn update(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    req: &Request,
+) -> Result<Response<Body>, ApiError> {
     let name = name_of(req)?;
     let namespace = req.info.namespace.as_deref();
     let (new, warnings) = decode_body(resource, req)?;
@@ -471,20 +591,37 @@ async fn update(server: &ApiServer, resource: &'static ResourceInfo, req: &Reque
     let old = current(server, resource, namespace, name).await?;
     // An update that names a resourceVersion is conditional on it; one that does not is
     // unconditional (Kubernetes' AllowUnconditionalUpdate, true for every served kind).
-    if let Some(rv) = new.pointer("/metadata/resourceVersion").and_then(Value::as_str)
+    if let Some(rv) = new
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
         && !rv.is_empty()
         && rv != old.resource_version().to_string()
     {
-        return Err(ApiError::conflict(resource.group, resource.resource, name, storage::CONFLICT_MESSAGE));
+        return Err(ApiError::conflict(
+            resource.group,
+            resource.resource,
+            name,
+            storage::CONFLICT_MESSAGE,
+        ));
     }
     let format = req.format()?;
     let stored = write_update(server, resource, req, &old, new)
         .await
         .map_err(|e| e.into_api_error(resource, name))?;
-    Ok(object_response(resource, 200, &CachedObject::new(stored, None), format, &warnings))
+    Ok(object_response(
+        resource,
+        200,
+        &CachedObject::new(stored, None),
+        format,
+        &warnings,
+    ))
 }
 
-async fn patch(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+async fn patch(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    req: &Request,
+) -> Result<Response<Body>, ApiError> {
     let name = name_of(req)?;
     let namespace = req.info.namespace.as_deref();
     let patch_type = skerry_api::patch::PatchType::from_content_type(req.content_type())
@@ -498,7 +635,9 @@ async fn patch(server: &ApiServer, resource: &'static ResourceInfo, req: &Reques
         Some(other) => return Err(ApiError::bad_request(format!("invalid force: {other:?}"))),
     };
     if force && !is_apply {
-        return Err(ApiError::bad_request("force: Forbidden: may not be specified for non-apply patch"));
+        return Err(ApiError::bad_request(
+            "force: Forbidden: may not be specified for non-apply patch",
+        ));
     }
     let mut attempt = 0;
     loop {
@@ -512,7 +651,11 @@ async fn patch(server: &ApiServer, resource: &'static ResourceInfo, req: &Reques
             let manager = req
                 .param("fieldManager")
                 .filter(|m| !m.is_empty())
-                .ok_or_else(|| ApiError::bad_request("PATCH, application/apply-patch+yaml requests require fieldManager"))?;
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "PATCH, application/apply-patch+yaml requests require fieldManager",
+                    )
+                })?;
             let applied = crate::yaml::to_json(&req.body)?;
             let now = meta::now();
             let field_manager = skerry_api::patch::FieldManager {
@@ -522,7 +665,12 @@ async fn patch(server: &ApiServer, resource: &'static ResourceInfo, req: &Reques
                 subresource: req.info.subresource.as_deref().unwrap_or(""),
                 now: &now,
             };
-            skerry_api::patch::server_side_apply(&field_manager, old.as_ref().map(|o| o.value()), &applied, force)?
+            skerry_api::patch::server_side_apply(
+                &field_manager,
+                old.as_ref().map(|o| o.value()),
+                &applied,
+                force,
+            )?
         } else {
             let old = old.as_ref().expect("non-apply patches return 404 above");
             skerry_api::patch::apply_patch(
@@ -542,7 +690,11 @@ async fn patch(server: &ApiServer, resource: &'static ResourceInfo, req: &Reques
                 let mut object = decoded.object;
                 meta::prepare_create(resource, &mut object, namespace)?;
                 skerry_api::defaults::apply_defaults(resource, &mut object);
-                invalid(resource, name, skerry_api::validation::validate_create(resource, &object))?;
+                invalid(
+                    resource,
+                    name,
+                    skerry_api::validation::validate_create(resource, &object),
+                )?;
                 admit_namespace(server, resource, namespace).await?;
                 if req.dry_run()? {
                     Ok(object)
@@ -554,9 +706,19 @@ async fn patch(server: &ApiServer, resource: &'static ResourceInfo, req: &Reques
         match result {
             Ok(stored) => {
                 let code = if old.is_none() { 201 } else { 200 };
-                return Ok(object_response(resource, code, &CachedObject::new(stored, None), format, &decoded.warnings));
+                return Ok(object_response(
+                    resource,
+                    code,
+                    &CachedObject::new(stored, None),
+                    format,
+                    &decoded.warnings,
+                ));
             }
-            Err(WriteError::Conflict { .. } | WriteError::AlreadyExists) if attempt <= PATCH_CONFLICT_RETRIES_MAX => continue,
+            Err(WriteError::Conflict { .. } | WriteError::AlreadyExists)
+                if attempt <= PATCH_CONFLICT_RETRIES_MAX =>
+            {
+                continue;
+            }
             Err(e) => return Err(e.into_api_error(resource, name)),
         }
     }
@@ -591,7 +753,10 @@ fn delete_options(req: &Request) -> Result<Value, ApiError> {
 }
 
 /// The finalizer the propagation policy adds, if any (Kubernetes' `deletionFinalizersForGarbageCollection`).
-fn propagation_finalizer(resource: &ResourceInfo, options: &Value) -> Result<Option<&'static str>, ApiError> {
+fn propagation_finalizer(
+    resource: &ResourceInfo,
+    options: &Value,
+) -> Result<Option<&'static str>, ApiError> {
     let policy = options.get("propagationPolicy").and_then(Value::as_str);
     let orphan = options.get("orphanDependents").and_then(Value::as_bool);
     match (policy, orphan) {
@@ -622,41 +787,64 @@ pub async fn delete_one(
     old: CachedObject,
     options: &Value,
 ) -> Result<(u16, Value), ApiError> {
-    let namespace = req.info.namespace.as_deref().or(old.namespace()).map(str::to_string);
+    let namespace = req
+        .info
+        .namespace
+        .as_deref()
+        .or(old.namespace())
+        .map(str::to_string);
     let name = old.name().to_string();
-    if let Some(uid) = options.pointer("/preconditions/uid").and_then(Value::as_str)
+    if let Some(uid) = options
+        .pointer("/preconditions/uid")
+        .and_then(Value::as_str)
         && old.value().pointer("/metadata/uid").and_then(Value::as_str) != Some(uid)
     {
         return Err(ApiError::conflict(
             resource.group,
             resource.resource,
             &name,
-            &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                old.value().pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("")),
+            &format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                old.value()
+                    .pointer("/metadata/uid")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+            ),
         ));
     }
-    if let Some(rv) = options.pointer("/preconditions/resourceVersion").and_then(Value::as_str)
+    if let Some(rv) = options
+        .pointer("/preconditions/resourceVersion")
+        .and_then(Value::as_str)
         && rv != old.resource_version().to_string()
     {
         return Err(ApiError::conflict(
             resource.group,
             resource.resource,
             &name,
-            &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}", old.resource_version()),
+            &format!(
+                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                old.resource_version()
+            ),
         ));
     }
     let mut object = old.value().clone();
     let mut finalizers: Vec<String> = object
         .pointer("/metadata/finalizers")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default();
     if let Some(f) = propagation_finalizer(resource, options)?
         && !finalizers.iter().any(|x| x == f)
     {
         finalizers.push(f.to_string());
     }
-    let already_deleting = object.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null());
+    let already_deleting = object
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null());
     let grace = graceful_period(resource, &object, options);
     let dry_run = req.dry_run()?;
     if !finalizers.is_empty() || grace.is_some_and(|g| g > 0) || resource.resource == "namespaces" {
@@ -665,9 +853,14 @@ pub async fn delete_one(
         if already_deleting && grace.is_none_or(|g| g > 0) {
             return Ok((200, old.value().clone()));
         }
-        let meta = object["metadata"].as_object_mut().ok_or_else(|| ApiError::internal("object without metadata"))?;
+        let meta = object["metadata"]
+            .as_object_mut()
+            .ok_or_else(|| ApiError::internal("object without metadata"))?;
         meta.insert("deletionTimestamp".into(), json!(meta::now()));
-        meta.insert("deletionGracePeriodSeconds".into(), json!(grace.unwrap_or(0)));
+        meta.insert(
+            "deletionGracePeriodSeconds".into(),
+            json!(grace.unwrap_or(0)),
+        );
         meta.insert("finalizers".into(), json!(finalizers));
         if resource.resource == "namespaces" {
             object["status"]["phase"] = json!("Terminating");
@@ -675,17 +868,30 @@ pub async fn delete_one(
         if dry_run {
             return Ok((202, object));
         }
-        let stored = storage::update(&server.store, resource, namespace.as_deref(), &name, object, old.resource_version())
-            .await
-            .map_err(|e| e.into_api_error(resource, &name))?;
+        let stored = storage::update(
+            &server.store,
+            resource,
+            namespace.as_deref(),
+            &name,
+            object,
+            old.resource_version(),
+        )
+        .await
+        .map_err(|e| e.into_api_error(resource, &name))?;
         return Ok((202, stored));
     }
     if dry_run {
         return Ok((200, object));
     }
-    let deleted = storage::delete(&server.store, resource, namespace.as_deref(), &name, Some(old.resource_version()))
-        .await
-        .map_err(|e| e.into_api_error(resource, &name))?;
+    let deleted = storage::delete(
+        &server.store,
+        resource,
+        namespace.as_deref(),
+        &name,
+        Some(old.resource_version()),
+    )
+    .await
+    .map_err(|e| e.into_api_error(resource, &name))?;
     Ok((200, deleted))
 }
 
@@ -695,29 +901,56 @@ fn graceful_period(resource: &ResourceInfo, object: &Value, options: &Value) -> 
     if resource.resource != "pods" {
         return None;
     }
-    let bound = object.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
-    let terminal = matches!(object.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"));
+    let bound = object
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
+    let terminal = matches!(
+        object.pointer("/status/phase").and_then(Value::as_str),
+        Some("Succeeded" | "Failed")
+    );
     if !bound || terminal {
         return Some(0);
     }
     let requested = options.get("gracePeriodSeconds").and_then(Value::as_i64);
-    let spec = object.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64);
-    Some(requested.or(spec).unwrap_or(DEFAULT_TERMINATION_GRACE_SECONDS).max(0))
+    let spec = object
+        .pointer("/spec/terminationGracePeriodSeconds")
+        .and_then(Value::as_i64);
+    Some(
+        requested
+            .or(spec)
+            .unwrap_or(DEFAULT_TERMINATION_GRACE_SECONDS)
+            .max(0),
+    )
 }
 
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 const DEFAULT_TERMINATION_GRACE_SECONDS: i64 = 30;
 
-async fn delete(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+async fn delete(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    req: &Request,
+) -> Result<Response<Body>, ApiError> {
     let name = name_of(req)?;
     let options = delete_options(req)?;
     let old = current(server, resource, req.info.namespace.as_deref(), name).await?;
     let format = req.format()?;
     let (code, object) = delete_one(server, resource, req, old, &options).await?;
-    Ok(object_response(resource, code, &CachedObject::new(object, None), format, &[]))
+    Ok(object_response(
+        resource,
+        code,
+        &CachedObject::new(object, None),
+        format,
+        &[],
+    ))
 }
 
-async fn delete_collection(server: &ApiServer, resource: &'static ResourceInfo, req: &Request) -> Result<Response<Body>, ApiError> {
+async fn delete_collection(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    req: &Request,
+) -> Result<Response<Body>, ApiError> {
     let options = delete_options(req)?;
     let mut opts = list_options(req)?;
     opts.limit = None;

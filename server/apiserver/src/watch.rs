@@ -38,25 +38,22 @@ pub async fn serve(
     resource: &'static ResourceInfo,
     req: &Request,
 ) -> Result<Response<Body>, ApiError> {
-    let cache = server
-        .caches
-        .get(resource.resource)
-        .ok_or_else(|| ApiError::method_not_allowed(format!("{} cannot be watched", resource.resource)))?;
+    let cache = server.caches.get(resource.resource).ok_or_else(|| {
+        ApiError::method_not_allowed(format!("{} cannot be watched", resource.resource))
+    })?;
     let format = req.format()?;
     if matches!(format, Format::Protobuf | Format::AggregatedDiscovery) {
         return Err(ApiError::not_acceptable(
             "watch streams are served as application/json (or as=Table) only",
         ));
     }
-    let resource_version = match req.param("resourceVersion") {
-        None | Some("") => None,
-        Some(rv) => Some(
-            rv.parse::<i64>()
-                .ok()
-                .filter(|v| *v >= 0)
-                .ok_or_else(|| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?,
-        ),
-    };
+    let resource_version =
+        match req.param("resourceVersion") {
+            None | Some("") => None,
+            Some(rv) => Some(rv.parse::<i64>().ok().filter(|v| *v >= 0).ok_or_else(|| {
+                ApiError::bad_request(format!("invalid resource version: {rv:?}"))
+            })?),
+        };
     let bool_param = |name: &str| -> Result<Option<bool>, ApiError> {
         match req.param(name) {
             None | Some("") => Ok(None),
@@ -96,14 +93,23 @@ pub async fn serve(
     let stream = cache.watch(opts).await?;
     let body: Body = match format {
         Format::Table(include) => {
-            let frames = stream.map(move |frame| Ok::<_, std::convert::Infallible>(Frame::data(table_frame(resource, &frame, include))));
+            let frames = stream.map(move |frame| {
+                Ok::<_, std::convert::Infallible>(Frame::data(table_frame(
+                    resource, &frame, include,
+                )))
+            });
             StreamBody::new(frames).boxed_unsync()
         }
         Format::PartialObjectMetadata => {
-            let frames = stream.map(|frame| Ok::<_, std::convert::Infallible>(Frame::data(metadata_frame(&frame))));
+            let frames = stream.map(|frame| {
+                Ok::<_, std::convert::Infallible>(Frame::data(metadata_frame(&frame)))
+            });
             StreamBody::new(frames).boxed_unsync()
         }
-        _ => StreamBody::new(stream.map(|frame| Ok::<_, std::convert::Infallible>(Frame::data(frame)))).boxed_unsync(),
+        _ => StreamBody::new(
+            stream.map(|frame| Ok::<_, std::convert::Infallible>(Frame::data(frame))),
+        )
+        .boxed_unsync(),
     };
     let mut response = Response::new(body);
     response.headers_mut().insert(
@@ -125,7 +131,14 @@ fn table_frame(resource: &ResourceInfo, frame: &[u8], include: IncludeObject) ->
     }
     let object = CachedObject::new(event["object"].clone(), None);
     let rv = object.resource_version().to_string();
-    let table = crate::table::table(resource, std::slice::from_ref(&object), include, &rv, None, None);
+    let table = crate::table::table(
+        resource,
+        std::slice::from_ref(&object),
+        include,
+        &rv,
+        None,
+        None,
+    );
     let mut out = serde_json::to_vec(&json!({"type": kind, "object": table})).unwrap_or_default();
     out.push(b'\n');
     out.into()
@@ -139,7 +152,10 @@ fn metadata_frame(frame: &[u8]) -> bytes::Bytes {
     if kind == "ERROR" {
         return bytes::Bytes::copy_from_slice(frame);
     }
-    let mut out = serde_json::to_vec(&json!({"type": kind, "object": crate::table::partial_metadata(&event["object"])})).unwrap_or_default();
+    let mut out = serde_json::to_vec(
+        &json!({"type": kind, "object": crate::table::partial_metadata(&event["object"])}),
+    )
+    .unwrap_or_default();
     out.push(b'\n');
     out.into()
 }
