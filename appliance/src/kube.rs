@@ -18,8 +18,9 @@ use skerry_store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::pki::{PKI_DIR, Pki};
-use crate::{ADMIN_KUBECONFIG_FILE, ServerArgs};
+use crate::kubeconfig::Kubeconfig;
+use crate::pki::{ADMIN_USER, CA_CERT_FILE, PKI_DIR, Pki};
+use crate::{ADMIN_KUBECONFIG_FILE, DATA_DIR_DEFAULT, KubeconfigArgs, ServerArgs};
 
 /// Pause between attempts to seed a cluster's store while it has no quorum yet.
 const START_RETRY: Duration = Duration::from_secs(1);
@@ -76,8 +77,9 @@ pub fn start(
     crate::kubeconfig::write_admin_kubeconfig(&kubeconfig, &url, &pki)
         .context("write the admin kubeconfig")?;
     println!(
-        "skerry: serving the Kubernetes API on {url}; admin kubeconfig: {}",
-        kubeconfig.display()
+        "skerry: serving the Kubernetes API on {url}; admin kubeconfig: {} (PKI in {})",
+        kubeconfig.display(),
+        pki.dir().display()
     );
     let server_address = format!("{host}:{port}");
     let verifier = issuer.verifier(vec![ISSUER_DEFAULT.to_string()]);
@@ -100,4 +102,61 @@ pub fn start(
         tracing::info!(%url, "Kubernetes API ready");
         skerry_apiserver::server::serve(api, listener, Arc::new(tls), stop).await;
     }))
+}
+
+/// `skerry kubeconfig`: a kubeconfig from an existing PKI (never creates one).
+pub fn kubeconfig(args: KubeconfigArgs) -> Result<()> {
+    let pki_dir = match (&args.pki_dir, &args.data_dir) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(data)) => data.join(PKI_DIR),
+        (None, None) => {
+            let home =
+                std::env::var_os("HOME").context("no --data-dir given and $HOME is not set")?;
+            std::path::PathBuf::from(home)
+                .join(DATA_DIR_DEFAULT)
+                .join(PKI_DIR)
+        }
+    };
+    if !pki_dir.join(CA_CERT_FILE).exists() {
+        anyhow::bail!(
+            "no cluster PKI in {}: start `skerry server` first (or pass --data-dir/--pki-dir)",
+            pki_dir.display()
+        );
+    }
+    let pki = Pki::load_or_create(&pki_dir, &[]).context("load the PKI")?;
+    let issued;
+    let (user, cert, key) = match &args.user {
+        Some(user) => {
+            let groups: Vec<&str> = args.group.iter().map(String::as_str).collect();
+            issued = pki
+                .issue_client_cert(user, &groups, args.valid_for)
+                .with_context(|| format!("issue a client certificate for {user}"))?;
+            (
+                user.as_str(),
+                issued.cert_pem.as_str(),
+                issued.key_pem.as_str(),
+            )
+        }
+        None => (
+            ADMIN_USER,
+            pki.admin().cert_pem.as_str(),
+            pki.admin().key_pem.as_str(),
+        ),
+    };
+    let config = Kubeconfig {
+        server_url: &args.server,
+        ca_cert_pem: pki.ca_cert_pem(),
+        user,
+        client_cert_pem: cert,
+        client_key_pem: key,
+    };
+    match &args.out {
+        Some(path) => config
+            .write(path)
+            .with_context(|| format!("write {}", path.display())),
+        None => {
+            print!("{}", config.to_yaml());
+            Ok(())
+        }
+    }
 }

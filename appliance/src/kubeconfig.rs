@@ -14,7 +14,6 @@
 //! (mode 0600, set on the temporary file before any secret is written to it).
 
 // The lead wires `write_admin_kubeconfig` into `skerry server`; until then nothing calls it.
-#![allow(dead_code, reason = "wired into `skerry server` by the lead (issue 5)")]
 
 use std::path::Path;
 

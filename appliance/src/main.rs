@@ -59,6 +59,9 @@ enum Command {
     /// Run a store member serving etcd's v3 gRPC API (etcd's flag names): a single store, or
     /// with --initial-cluster a member of a Raft cluster.
     Server(Box<ServerArgs>),
+    /// Write a kubeconfig for the cluster whose PKI `skerry server` created: the admin's
+    /// (system:masters), or with --user a new client certificate for that user.
+    Kubeconfig(KubeconfigArgs),
     /// Snapshot files made by `etcdctl snapshot save` against skerry.
     Snapshot {
         #[command(subcommand)]
@@ -78,6 +81,31 @@ enum SnapshotCommand {
     },
     /// Check that a snapshot file is complete and intact.
     Verify { file: PathBuf },
+}
+
+#[derive(Parser)]
+struct KubeconfigArgs {
+    /// The server's data directory [default: ~/.skerry/store]; its PKI is <data-dir>/pki.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// The PKI directory, when the server was started with --pki-dir.
+    #[arg(long)]
+    pki_dir: Option<PathBuf>,
+    /// The API's URL.
+    #[arg(long, default_value = "https://127.0.0.1:6443")]
+    server: String,
+    /// Issue a client certificate for this user instead of using the admin's.
+    #[arg(long)]
+    user: Option<String>,
+    /// The user's group (the certificate's O), with --user.
+    #[arg(long, requires = "user")]
+    group: Option<String>,
+    /// How long the user's certificate is valid (e.g. 720h), with --user.
+    #[arg(long, default_value = "8760h", value_parser = parse_duration, requires = "user")]
+    valid_for: Duration,
+    /// Where to write it [default: standard output].
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Parser)]
@@ -263,6 +291,7 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Server(args) => server(*args),
+        Command::Kubeconfig(args) => kube::kubeconfig(args),
         Command::Snapshot {
             command: SnapshotCommand::Restore { file, data_dir },
         } => {

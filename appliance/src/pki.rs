@@ -14,7 +14,6 @@
 //! the serving certificate, when it does not cover a name the server is now asked to answer to.
 
 // The lead wires `Pki` into `skerry server`; until then nothing in the binary calls it.
-#![allow(dead_code, reason = "wired into `skerry server` by the lead (issue 5)")]
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
@@ -321,11 +320,6 @@ impl Pki {
     /// The service-account signing key, PKCS#8 DER (what the token issuer loads).
     pub fn service_account_key_pkcs8(&self) -> Vec<u8> {
         self.service_account_key.serialize_der()
-    }
-
-    /// The service-account public key, SubjectPublicKeyInfo PEM.
-    pub fn service_account_public_pem(&self) -> String {
-        self.service_account_key.public_key_pem()
     }
 }
 

@@ -698,6 +698,15 @@ fn authorization_for_a_restricted_user() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "yes");
     let out = as_jane(&["auth", "can-i", "delete", "pods", "-n", "shop"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no");
+    // Impersonation: the admin may act as jane and gets jane's answers; jane may not
+    // impersonate anyone.
+    assert_eq!(k.ok(&["auth", "can-i", "list", "pods", "-n", "shop", "--as=jane"]).trim(), "yes");
+    assert_eq!(k.kubectl_output(&["auth", "can-i", "delete", "pods", "-n", "shop", "--as=jane"], None).stdout, b"no\n");
+    let err = k.fails(&["get", "secrets", "-n", "shop", "--as=jane"], None);
+    assert!(err.contains("User \"jane\" cannot list resource \"secrets\""), "{err}");
+    let out = as_jane(&["get", "pods", "-n", "shop", "--as=admin"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot impersonate resource \"users\""), "{err}");
     // No credentials at all: 401 except the public endpoints.
     let out = k.kubectl_output(
         &["--token", "wrong", "--user", "jane-user", "get", "ns"],
@@ -726,4 +735,164 @@ fn authorization_for_a_restricted_user() {
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("system:serviceaccount:shop:robot"), "{err}");
+}
+
+/// One member of a three-member cluster, killed on drop.
+struct Member {
+    child: Child,
+    kubeconfig: PathBuf,
+    log: PathBuf,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn kubectl_as(kubeconfig: &Path, home: &Path, args: &[&str]) -> Output {
+    Command::new(KUBECTL)
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env("HOME", home)
+        .output()
+        .expect("run kubectl")
+}
+
+/// Retries `args` against `kubeconfig` until it succeeds (a cluster electing a leader answers
+/// 503/504 for a moment), returning stdout.
+fn eventually(kubeconfig: &Path, home: &Path, args: &[&str], log: &Path) -> String {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let out = kubectl_as(kubeconfig, home, args);
+        if out.status.success() {
+            return String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kubectl {args:?} kept failing: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            tail(&std::fs::read_to_string(log).unwrap_or_default())
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn a_three_member_cluster_serves_the_api_on_every_member_and_survives_losing_one() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let home = root.path().join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    let pki = root.path().join("pki");
+    let names = ["n1", "n2", "n3"];
+    let peer_ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
+    let initial = names
+        .iter()
+        .zip(&peer_ports)
+        .map(|(n, p)| format!("{n}=http://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let start = |i: usize| -> Member {
+        let data = root.path().join(names[i]);
+        let log = root.path().join(format!("{}.log", names[i]));
+        let peer = format!("http://127.0.0.1:{}", peer_ports[i]);
+        let child = Command::new(env!("CARGO_BIN_EXE_skerry"))
+            .args([
+                "server",
+                "--name",
+                names[i],
+                "--data-dir",
+                &data.display().to_string(),
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{}", free_port()),
+                "--initial-cluster",
+                &initial,
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                &free_port().to_string(),
+                // One CA for the cluster: every member reads the same PKI directory.
+                "--pki-dir",
+                &pki.display().to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("start member");
+        Member {
+            child,
+            kubeconfig: data.join("admin.kubeconfig"),
+            log,
+        }
+    };
+    // The first member creates the PKI; the others start once it exists, so they read it
+    // rather than race to create their own.
+    let mut members = vec![start(0)];
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while !pki.join("ca.crt").exists() {
+        assert!(Instant::now() < deadline, "no PKI created");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    members.push(start(1));
+    members.push(start(2));
+    for m in &members {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !m.kubeconfig.exists() {
+            assert!(Instant::now() < deadline, "no kubeconfig written");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eventually(&m.kubeconfig, &home, &["get", "--raw", "/readyz"], &m.log);
+    }
+    // A write through one member is read through the others.
+    eventually(
+        &members[0].kubeconfig,
+        &home,
+        &["create", "namespace", "edge"],
+        &members[0].log,
+    );
+    for m in &members[1..] {
+        let out = eventually(
+            &m.kubeconfig,
+            &home,
+            &["get", "namespace", "edge", "-o", "name"],
+            &m.log,
+        );
+        assert_eq!(out.trim(), "namespace/edge");
+    }
+    // Lose a box: the other two keep serving reads and writes.
+    drop(members.remove(0));
+    eventually(
+        &members[0].kubeconfig,
+        &home,
+        &[
+            "create",
+            "configmap",
+            "after-loss",
+            "-n",
+            "edge",
+            "--from-literal=k=v",
+        ],
+        &members[0].log,
+    );
+    let out = eventually(
+        &members[1].kubeconfig,
+        &home,
+        &[
+            "get",
+            "configmap",
+            "after-loss",
+            "-n",
+            "edge",
+            "-o",
+            "jsonpath={.data.k}",
+        ],
+        &members[1].log,
+    );
+    assert_eq!(out, "v");
 }

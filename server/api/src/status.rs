@@ -83,6 +83,12 @@ impl ApiError {
         self
     }
 
+    /// Sets `details.kind` (what a Forbidden or NotFound concerned).
+    pub fn with_detail_kind(mut self, kind: &str) -> Self {
+        self.kind = Some(kind.to_string());
+        self
+    }
+
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
     }

@@ -275,15 +275,20 @@ pub async fn bind(
         if req.dry_run()? {
             break;
         }
-        match storage::update(
-            &server.store,
-            resource,
-            req.info.namespace.as_deref(),
-            name,
-            new,
-            old.resource_version(),
-        )
-        .await
+        match server
+            .timed(
+                "update",
+                resource,
+                storage::update(
+                    &server.store,
+                    resource,
+                    req.info.namespace.as_deref(),
+                    name,
+                    new,
+                    old.resource_version(),
+                ),
+            )
+            .await
         {
             Ok(_) => break,
             Err(WriteError::Conflict { .. }) => continue,

@@ -108,7 +108,12 @@ pub async fn current(
     namespace: Option<&str>,
     name: &str,
 ) -> Result<CachedObject, ApiError> {
-    storage::get(&server.store, resource, namespace, name)
+    server
+        .timed(
+            "get",
+            resource,
+            storage::get(&server.store, resource, namespace, name),
+        )
         .await?
         .ok_or_else(|| ApiError::not_found(resource.group, resource.resource, name))
 }
@@ -247,10 +252,40 @@ async fn list(
             _ => false,
         };
     let list = match cache {
-        Some(cache) if from_cache => cache.list(&opts, filter).await?,
-        _ => storage::list(&server.store, resource, &opts, filter.as_ref()).await?,
+        Some(cache) if from_cache => {
+            wait_for_cache(server, cache, opts.resource_version).await?;
+            cache.list(&opts, filter).await?
+        }
+        _ => {
+            server
+                .timed(
+                    "list",
+                    resource,
+                    storage::list(&server.store, resource, &opts, filter.as_ref()),
+                )
+                .await?
+        }
     };
     Ok(list_response(resource, &list, format))
+}
+
+/// Waits (at most the cache's 3 seconds) until `cache` has reached `resource_version`,
+/// recording the wait as `apiserver_watch_cache_read_wait_seconds`. A fresh cache returns at
+/// once; the cache's own list or watch then finds it fresh too.
+pub async fn wait_for_cache(
+    server: &ApiServer,
+    cache: &crate::watch_cache::WatchCache,
+    resource_version: Option<i64>,
+) -> Result<(), ApiError> {
+    let Some(rv) = resource_version.filter(|rv| *rv > 0) else {
+        return Ok(());
+    };
+    let started = std::time::Instant::now();
+    let result = cache.wait_fresh(rv).await;
+    server
+        .metrics
+        .observe_cache_wait(cache.resource().resource, started.elapsed());
+    result
 }
 
 /// A list in the asked format.
@@ -387,7 +422,15 @@ async fn admit_namespace(
         .and_then(|c| c.get(None, ns))
     {
         Some(o) => Some(o),
-        None => storage::get(&server.store, namespaces, None, ns).await?,
+        None => {
+            server
+                .timed(
+                    "get",
+                    namespaces,
+                    storage::get(&server.store, namespaces, None, ns),
+                )
+                .await?
+        }
     };
     match found {
         None => Err(ApiError::not_found("", "namespaces", ns)),
@@ -453,7 +496,12 @@ async fn create(
             &warnings,
         ));
     }
-    let stored = storage::create(&server.store, resource, namespace, &name, object)
+    let stored = server
+        .timed(
+            "create",
+            resource,
+            storage::create(&server.store, resource, namespace, &name, object),
+        )
         .await
         .map_err(|e| e.into_api_error(resource, &name))?;
     Ok(object_response(
@@ -545,24 +593,34 @@ pub(crate) async fn write_update(
         return Ok(new);
     }
     if deleting && !finalizers_left {
-        return storage::delete(
-            &server.store,
-            resource,
-            namespace,
-            &name,
-            Some(old.resource_version()),
-        )
-        .await;
+        return server
+            .timed(
+                "delete",
+                resource,
+                storage::delete(
+                    &server.store,
+                    resource,
+                    namespace,
+                    &name,
+                    Some(old.resource_version()),
+                ),
+            )
+            .await;
     }
-    storage::update(
-        &server.store,
-        resource,
-        namespace,
-        &name,
-        new,
-        old.resource_version(),
-    )
-    .await
+    server
+        .timed(
+            "update",
+            resource,
+            storage::update(
+                &server.store,
+                resource,
+                namespace,
+                &name,
+                new,
+                old.resource_version(),
+            ),
+        )
+        .await
 }
 
 async fn update(
@@ -699,7 +757,13 @@ async fn patch(
                 if req.dry_run()? {
                     Ok(object)
                 } else {
-                    storage::create(&server.store, resource, namespace, name, object).await
+                    server
+                        .timed(
+                            "create",
+                            resource,
+                            storage::create(&server.store, resource, namespace, name, object),
+                        )
+                        .await
                 }
             }
         };
@@ -868,30 +932,40 @@ pub async fn delete_one(
         if dry_run {
             return Ok((202, object));
         }
-        let stored = storage::update(
-            &server.store,
-            resource,
-            namespace.as_deref(),
-            &name,
-            object,
-            old.resource_version(),
-        )
-        .await
-        .map_err(|e| e.into_api_error(resource, &name))?;
+        let stored = server
+            .timed(
+                "update",
+                resource,
+                storage::update(
+                    &server.store,
+                    resource,
+                    namespace.as_deref(),
+                    &name,
+                    object,
+                    old.resource_version(),
+                ),
+            )
+            .await
+            .map_err(|e| e.into_api_error(resource, &name))?;
         return Ok((202, stored));
     }
     if dry_run {
         return Ok((200, object));
     }
-    let deleted = storage::delete(
-        &server.store,
-        resource,
-        namespace.as_deref(),
-        &name,
-        Some(old.resource_version()),
-    )
-    .await
-    .map_err(|e| e.into_api_error(resource, &name))?;
+    let deleted = server
+        .timed(
+            "delete",
+            resource,
+            storage::delete(
+                &server.store,
+                resource,
+                namespace.as_deref(),
+                &name,
+                Some(old.resource_version()),
+            ),
+        )
+        .await
+        .map_err(|e| e.into_api_error(resource, &name))?;
     Ok((200, deleted))
 }
 
@@ -956,7 +1030,13 @@ async fn delete_collection(
     opts.limit = None;
     opts.continue_token = None;
     let filter = filter_of(resource, req)?;
-    let list = storage::list(&server.store, resource, &opts, filter.as_ref()).await?;
+    let list = server
+        .timed(
+            "list",
+            resource,
+            storage::list(&server.store, resource, &opts, filter.as_ref()),
+        )
+        .await?;
     let mut deleted = Vec::with_capacity(list.items.len());
     for item in list.items {
         match delete_one(server, resource, req, item, &options).await {

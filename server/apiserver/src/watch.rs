@@ -90,6 +90,7 @@ pub async fn serve(
         filter,
         namespace: req.info.namespace.clone(),
     };
+    crate::verbs::wait_for_cache(server, cache, opts.resource_version).await?;
     let stream = cache.watch(opts).await?;
     let body: Body = match format {
         Format::Table(include) => {
