@@ -13,6 +13,7 @@ use skerry_apiserver::auth::serviceaccount::{ISSUER_DEFAULT, TokenIssuer};
 use skerry_apiserver::auth::token::TokenFile;
 use skerry_apiserver::auth::{Authenticator, x509};
 use skerry_apiserver::handler::Config;
+use skerry_apiserver::ipalloc::ServiceCidr;
 use skerry_apiserver::{ApiServer, compactor};
 use skerry_store::Store;
 use tokio::net::TcpListener;
@@ -67,6 +68,8 @@ pub fn start(
         .local_addr()
         .context("API listener address")?
         .port();
+    let service_cidr = ServiceCidr::parse(&args.service_cluster_ip_range)
+        .map_err(|e| anyhow::anyhow!("--service-cluster-ip-range: {e}"))?;
     let host = match args.bind_address {
         a if a.is_unspecified() => "127.0.0.1".to_string(),
         IpAddr::V6(v6) => format!("[{v6}]"),
@@ -91,10 +94,11 @@ pub fn start(
         },
         token_issuer: Some(issuer),
         compaction_interval: Some(compactor::COMPACTION_INTERVAL),
+        service_cidr,
     };
     Ok(tokio::spawn(async move {
         // A new cluster's store is seeded once it takes writes (a cluster needs its quorum).
-        while let Err(e) = skerry_apiserver::startup::bootstrap(&store).await {
+        while let Err(e) = skerry_apiserver::startup::bootstrap(&store, &service_cidr, port).await {
             tracing::info!(error = %e.message, "the Kubernetes API waits for the store");
             tokio::time::sleep(START_RETRY).await;
         }

@@ -133,6 +133,9 @@ struct ServerArgs {
     /// Extra DNS names and IPs for the API's serving certificate, comma-separated.
     #[arg(long, value_delimiter = ',')]
     tls_san: Vec<String>,
+    /// The range Services get ClusterIPs from (kube-apiserver's flag; kubeadm's default).
+    #[arg(long, default_value = skerry_apiserver::ipalloc::SERVICE_CIDR_DEFAULT)]
+    service_cluster_ip_range: String,
     /// Static bearer tokens (kube-apiserver's CSV format: token,user,uid,"group1,group2").
     #[arg(long)]
     token_auth_file: Option<PathBuf>,

@@ -350,6 +350,57 @@ fn apply_get_patch_scale_label_and_delete() {
             .is_some_and(|h| h.contains("CLUSTER-IP") && h.contains("PORT(S)")),
         "{svc}"
     );
+    // ClusterIPs: `kubernetes` holds the first address; others are picked at random from the
+    // range and claimed with their Service; an address asked for by name must be free, and
+    // a deleted Service gives its address back.
+    assert_eq!(
+        k.ok(&[
+            "get",
+            "svc",
+            "kubernetes",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.spec.clusterIP}"
+        ]),
+        "10.96.0.1"
+    );
+    let ip = k.ok(&[
+        "get",
+        "svc",
+        "web",
+        "-n",
+        "shop",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ]);
+    assert!(ip.starts_with("10.") && ip != "10.96.0.1", "{ip}");
+    let taken = format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: copy\n  namespace: shop\nspec:\n  clusterIP: {ip}\n  ports:\n  - port: 81\n"
+    );
+    let err = k.fails(&["apply", "-f", "-"], Some(&taken));
+    assert!(err.contains("provided IP is already allocated"), "{err}");
+    k.ok(&[
+        "create",
+        "service",
+        "clusterip",
+        "static",
+        "-n",
+        "shop",
+        "--tcp=82:82",
+        "--clusterip=10.96.0.10",
+    ]);
+    k.ok(&["delete", "svc", "static", "-n", "shop"]);
+    k.ok(&[
+        "create",
+        "service",
+        "clusterip",
+        "static-again",
+        "-n",
+        "shop",
+        "--tcp=82:82",
+        "--clusterip=10.96.0.10",
+    ]);
 
     // Patches of all three types.
     k.ok(&[
@@ -700,13 +751,30 @@ fn authorization_for_a_restricted_user() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no");
     // Impersonation: the admin may act as jane and gets jane's answers; jane may not
     // impersonate anyone.
-    assert_eq!(k.ok(&["auth", "can-i", "list", "pods", "-n", "shop", "--as=jane"]).trim(), "yes");
-    assert_eq!(k.kubectl_output(&["auth", "can-i", "delete", "pods", "-n", "shop", "--as=jane"], None).stdout, b"no\n");
+    assert_eq!(
+        k.ok(&["auth", "can-i", "list", "pods", "-n", "shop", "--as=jane"])
+            .trim(),
+        "yes"
+    );
+    assert_eq!(
+        k.kubectl_output(
+            &["auth", "can-i", "delete", "pods", "-n", "shop", "--as=jane"],
+            None
+        )
+        .stdout,
+        b"no\n"
+    );
     let err = k.fails(&["get", "secrets", "-n", "shop", "--as=jane"], None);
-    assert!(err.contains("User \"jane\" cannot list resource \"secrets\""), "{err}");
+    assert!(
+        err.contains("User \"jane\" cannot list resource \"secrets\""),
+        "{err}"
+    );
     let out = as_jane(&["get", "pods", "-n", "shop", "--as=admin"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cannot impersonate resource \"users\""), "{err}");
+    assert!(
+        err.contains("cannot impersonate resource \"users\""),
+        "{err}"
+    );
     // No credentials at all: 401 except the public endpoints.
     let out = k.kubectl_output(
         &["--token", "wrong", "--user", "jane-user", "get", "ns"],

@@ -86,6 +86,8 @@ pub struct ApiServer {
     pub metrics: crate::metrics::Metrics,
     /// Signs and checks service-account tokens (`kubectl create token`).
     pub token_issuer: Option<crate::auth::serviceaccount::TokenIssuer>,
+    /// Where Services get their ClusterIPs.
+    pub service_cidr: crate::ipalloc::ServiceCidr,
     /// The compactor loop; aborted when the server is dropped.
     compactor: Option<tokio::task::JoinHandle<()>>,
 }
@@ -106,6 +108,8 @@ pub struct Config {
     pub token_issuer: Option<crate::auth::serviceaccount::TokenIssuer>,
     /// Time between compaction rounds; `None` runs no compactor (tests).
     pub compaction_interval: Option<std::time::Duration>,
+    /// `--service-cluster-ip-range`.
+    pub service_cidr: crate::ipalloc::ServiceCidr,
 }
 
 impl ApiServer {
@@ -142,6 +146,7 @@ impl ApiServer {
             rbac,
             metrics: crate::metrics::Metrics::new(),
             token_issuer: config.token_issuer,
+            service_cidr: config.service_cidr,
             compactor,
         })
     }
@@ -246,7 +251,12 @@ impl ApiServer {
     /// the `impersonate` verb on each `users`/`groups`/`serviceaccounts` it names, and the
     /// request then runs as that user. Without the headers the user is unchanged.
     fn impersonate(&self, requester: UserInfo, headers: &HeaderMap) -> Result<UserInfo, ApiError> {
-        let value = |h: &str| headers.get(h).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let value = |h: &str| {
+            headers
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
         let groups: Vec<String> = headers
             .get_all("impersonate-group")
             .iter()
@@ -270,14 +280,32 @@ impl ApiServer {
                 namespace,
                 account,
             )),
-            None => checks.push(Attributes::resource(requester.clone(), "impersonate", "", "users", "", &name)),
+            None => checks.push(Attributes::resource(
+                requester.clone(),
+                "impersonate",
+                "",
+                "users",
+                "",
+                &name,
+            )),
         }
         for g in &groups {
-            checks.push(Attributes::resource(requester.clone(), "impersonate", "", "groups", "", g));
+            checks.push(Attributes::resource(
+                requester.clone(),
+                "impersonate",
+                "",
+                "groups",
+                "",
+                g,
+            ));
         }
         for attributes in &checks {
             if !rbac::authorize(attributes, self.rbac.as_ref()).allowed {
-                let what = if attributes.resource == "groups" { "group" } else { "user" };
+                let what = if attributes.resource == "groups" {
+                    "group"
+                } else {
+                    "user"
+                };
                 return Err(ApiError::forbidden(format!(
                     "{} {:?} is forbidden: User {:?} cannot impersonate resource {:?} in API group \"\" at the cluster scope",
                     attributes.resource, attributes.name, requester.name, attributes.resource
@@ -289,12 +317,17 @@ impl ApiServer {
             Some((namespace, _)) => {
                 let mut all = vec![
                     crate::auth::serviceaccount::GROUP_ALL.to_string(),
-                    format!("{}{namespace}", crate::auth::serviceaccount::GROUP_NAMESPACE_PREFIX),
+                    format!(
+                        "{}{namespace}",
+                        crate::auth::serviceaccount::GROUP_NAMESPACE_PREFIX
+                    ),
                 ];
                 all.extend(groups);
                 UserInfo::authenticated(name, "", all)
             }
-            None => UserInfo::authenticated(name, value("impersonate-uid").unwrap_or_default(), groups),
+            None => {
+                UserInfo::authenticated(name, value("impersonate-uid").unwrap_or_default(), groups)
+            }
         };
         impersonated.extra.clear();
         Ok(impersonated)

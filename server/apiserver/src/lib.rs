@@ -21,6 +21,7 @@ pub mod auth;
 pub mod compactor;
 pub mod discovery;
 pub mod handler;
+pub mod ipalloc;
 pub mod metrics;
 pub mod openapi;
 pub mod rbac_cache;

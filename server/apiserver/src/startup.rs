@@ -1,5 +1,6 @@
-//! What a new cluster's apiserver writes once: the four system namespaces and the bootstrap
-//! RBAC policy (default ClusterRoles with their aggregated rules, and their bindings). Each
+//! What a new cluster's apiserver writes once: the four system namespaces, the bootstrap
+//! RBAC policy (default ClusterRoles with their aggregated rules, and their bindings) and the
+//! `kubernetes` Service. Each
 //! object is created only if missing, so restarts and the other members' apiservers (which
 //! all run this) change nothing that exists — a user's edit of a default role survives.
 
@@ -10,6 +11,7 @@ use skerry_store::Store;
 
 use crate::auth::bootstrap::{cluster_role_bindings, cluster_roles};
 use crate::auth::rbac::aggregate_cluster_roles;
+use crate::ipalloc::{self, ServiceCidr};
 use crate::storage::{self, WriteError};
 
 /// Namespaces every Kubernetes cluster has.
@@ -35,8 +37,51 @@ async fn create_if_missing(
     }
 }
 
+/// The port the `kubernetes` Service exposes (443, as in every cluster) and the port it
+/// reaches on the apiservers.
+const KUBERNETES_SERVICE_PORT: u16 = 443;
+
+/// The `kubernetes` Service in `default`, at the first address of the Service range, as
+/// every cluster has it (in-cluster clients find the API through it).
+async fn kubernetes_service(
+    store: &Store,
+    cidr: &ServiceCidr,
+    api_port: u16,
+) -> Result<(), ApiError> {
+    let info = lookup("", "v1", "services").expect("services are served");
+    let ip = cidr.first().to_string();
+    let mut object = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "kubernetes", "namespace": "default",
+                     "labels": {"component": "apiserver", "provider": "kubernetes"}},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": ip,
+            "clusterIPs": [ip],
+            "ports": [{"name": "https", "port": KUBERNETES_SERVICE_PORT, "protocol": "TCP", "targetPort": api_port}],
+            "sessionAffinity": "None",
+        },
+    });
+    meta::prepare_create(info, &mut object, Some("default"))?;
+    skerry_api::defaults::apply_defaults(info, &mut object);
+    let claim = (
+        ipalloc::claim_key(cidr.first()),
+        ipalloc::claim_value(cidr.first(), "default", "kubernetes"),
+    );
+    match storage::create_claiming(store, info, Some("default"), "kubernetes", object, &[claim])
+        .await
+    {
+        Ok(_) | Err(WriteError::AlreadyExists) => Ok(()),
+        Err(WriteError::ClaimTaken { key }) => Err(ApiError::internal(format!(
+            "the kubernetes Service's address {key} is held by another Service"
+        ))),
+        Err(e) => Err(e.into_api_error(info, "kubernetes")),
+    }
+}
+
 /// Seeds the store. Safe to run on every start and on every member.
-pub async fn bootstrap(store: &Store) -> Result<(), ApiError> {
+pub async fn bootstrap(store: &Store, cidr: &ServiceCidr, api_port: u16) -> Result<(), ApiError> {
     for ns in SYSTEM_NAMESPACES {
         create_if_missing(
             store,
@@ -63,5 +108,5 @@ pub async fn bootstrap(store: &Store) -> Result<(), ApiError> {
         )
         .await?;
     }
-    Ok(())
+    kubernetes_service(store, cidr, api_port).await
 }

@@ -460,6 +460,9 @@ pub enum WriteError {
     /// stored now, so the caller can retry its read-modify-write or answer 409.
     #[error("object was modified (now at {})", current.resource_version())]
     Conflict { current: CachedObject },
+    /// A key the write claims alongside the object (a ClusterIP) is held by another object.
+    #[error("{key} is already claimed")]
+    ClaimTaken { key: String },
     /// The store failed.
     #[error(transparent)]
     Api(#[from] ApiError),
@@ -475,6 +478,9 @@ impl WriteError {
             WriteError::NotFound => ApiError::not_found(resource.group, resource.resource, name),
             WriteError::Conflict { .. } => {
                 ApiError::conflict(resource.group, resource.resource, name, CONFLICT_MESSAGE)
+            }
+            WriteError::ClaimTaken { key } => {
+                ApiError::internal(format!("{key} is already claimed by another object"))
             }
             WriteError::Api(e) => e,
         }
@@ -526,39 +532,73 @@ pub async fn create(
     resource: &ResourceInfo,
     namespace: Option<&str>,
     name: &str,
+    value: Value,
+) -> Result<Value, WriteError> {
+    create_claiming(store, resource, namespace, name, value, &[]).await
+}
+
+/// Creates an object and, in the same transaction, the `claims` (key, value) that must not
+/// exist yet either — an allocation (a ClusterIP) is taken exactly when its object is
+/// created, never one without the other. A claim held by someone else fails the whole write
+/// with [`WriteError::ClaimTaken`].
+pub async fn create_claiming(
+    store: &Store,
+    resource: &ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
     mut value: Value,
+    claims: &[(String, Bytes)],
 ) -> Result<Value, WriteError> {
     let key = Bytes::from(resource.key(namespace, name));
     let bytes = Bytes::from(encode_for_store(&mut value));
+    let mut compares = vec![compare(
+        &key,
+        CompareTarget::Create,
+        CompareResult::Equal,
+        TargetUnion::CreateRevision(0),
+    )];
+    let mut success = vec![RequestOp {
+        request: Some(request_op::Request::RequestPut(PutRequest {
+            key: key.clone(),
+            value: bytes,
+            ..Default::default()
+        })),
+    }];
+    for (claim, claim_value) in claims {
+        let claim = Bytes::from(claim.clone());
+        compares.push(compare(
+            &claim,
+            CompareTarget::Create,
+            CompareResult::Equal,
+            TargetUnion::CreateRevision(0),
+        ));
+        success.push(RequestOp {
+            request: Some(request_op::Request::RequestPut(PutRequest {
+                key: claim,
+                value: claim_value.clone(),
+                ..Default::default()
+            })),
+        });
+    }
     let resp = store
         .txn(TxnRequest {
-            compare: vec![compare(
-                &key,
-                CompareTarget::Create,
-                CompareResult::Equal,
-                TargetUnion::CreateRevision(0),
-            )],
-            success: vec![RequestOp {
-                request: Some(request_op::Request::RequestPut(PutRequest {
-                    key: key.clone(),
-                    value: bytes,
-                    ..Default::default()
-                })),
-            }],
-            failure: vec![],
+            compare: compares,
+            success,
+            failure: vec![get_op(&key)],
         })
         .await
         .map_err(store_error)?;
     if !resp.succeeded {
-        return Err(WriteError::AlreadyExists);
+        if read_back(&resp)?.is_some() || claims.is_empty() {
+            return Err(WriteError::AlreadyExists);
+        }
+        let taken = claims.first().map(|(k, _)| k.clone()).unwrap_or_default();
+        return Err(WriteError::ClaimTaken { key: taken });
     }
     set_resource_version(&mut value, resp.header.map_or(0, |h| h.revision));
     Ok(value)
 }
 
-/// Replaces an object if it is still at `expected_resource_version` (txn: `mod_revision ==
-/// expected` → put, else read it back). Returns the stored object with its new
-/// resourceVersion.
 pub async fn update(
     store: &Store,
     resource: &ResourceInfo,
@@ -608,6 +648,27 @@ pub async fn delete(
     name: &str,
     expected_resource_version: Option<i64>,
 ) -> Result<Value, WriteError> {
+    delete_releasing(
+        store,
+        resource,
+        namespace,
+        name,
+        expected_resource_version,
+        &[],
+    )
+    .await
+}
+
+/// Deletes an object and, in the same transaction, the claim keys it held (its ClusterIP),
+/// so an allocation is released exactly when its object goes.
+pub async fn delete_releasing(
+    store: &Store,
+    resource: &ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
+    expected_resource_version: Option<i64>,
+    releases: &[String],
+) -> Result<Value, WriteError> {
     let key = Bytes::from(resource.key(namespace, name));
     let precondition = match expected_resource_version {
         Some(rv) => compare(
@@ -626,7 +687,7 @@ pub async fn delete(
     let resp = store
         .txn(TxnRequest {
             compare: vec![precondition],
-            success: vec![RequestOp {
+            success: std::iter::once(RequestOp {
                 request: Some(request_op::Request::RequestDeleteRange(
                     DeleteRangeRequest {
                         key: key.clone(),
@@ -634,7 +695,16 @@ pub async fn delete(
                         ..Default::default()
                     },
                 )),
-            }],
+            })
+            .chain(releases.iter().map(|k| RequestOp {
+                request: Some(request_op::Request::RequestDeleteRange(
+                    DeleteRangeRequest {
+                        key: Bytes::from(k.clone()),
+                        ..Default::default()
+                    },
+                )),
+            }))
+            .collect(),
             failure: vec![get_op(&key)],
         })
         .await

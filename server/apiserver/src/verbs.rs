@@ -496,14 +496,18 @@ async fn create(
             &warnings,
         ));
     }
-    let stored = server
-        .timed(
-            "create",
-            resource,
-            storage::create(&server.store, resource, namespace, &name, object),
-        )
-        .await
-        .map_err(|e| e.into_api_error(resource, &name))?;
+    let stored = if resource.resource == "services" && crate::ipalloc::wants_cluster_ip(&object) {
+        create_service(server, resource, namespace, &name, object).await?
+    } else {
+        server
+            .timed(
+                "create",
+                resource,
+                storage::create(&server.store, resource, namespace, &name, object),
+            )
+            .await
+            .map_err(|e| e.into_api_error(resource, &name))?
+    };
     Ok(object_response(
         resource,
         201,
@@ -511,6 +515,103 @@ async fn create(
         format,
         &warnings,
     ))
+}
+
+/// Attempts to allocate a ClusterIP when the one picked was taken by a concurrent create
+/// between reading the claims and writing: each retry re-reads them, so two attempts almost
+/// always suffice; the bound stops a pathological race from spinning.
+const CLUSTER_IP_ATTEMPTS_MAX: usize = 8;
+
+/// Creates a Service with its ClusterIP: the address it asks for, or one the allocator picks,
+/// claimed in the same transaction as the Service (see [`crate::ipalloc`]).
+async fn create_service(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
+    mut object: Value,
+) -> Result<Value, ApiError> {
+    use crate::ipalloc;
+    let requested = ipalloc::requested(&server.service_cidr, &object, name)?;
+    for _ in 0..CLUSTER_IP_ATTEMPTS_MAX {
+        let ip = match requested {
+            Some(ip) => ip,
+            None => {
+                let used = used_cluster_ips(server)?;
+                let offset = ipalloc::pick(&server.service_cidr, &used, &mut rand::rng())
+                    .ok_or_else(|| {
+                        ApiError::internal(format!(
+                            "failed to allocate a serviceIP: range is full ({})",
+                            server.service_cidr
+                        ))
+                    })?;
+                server.service_cidr.address(offset)
+            }
+        };
+        object["spec"]["clusterIP"] = json!(ip.to_string());
+        object["spec"]["clusterIPs"] = json!([ip.to_string()]);
+        let claim = (
+            ipalloc::claim_key(ip),
+            ipalloc::claim_value(ip, namespace.unwrap_or(""), name),
+        );
+        let result = server
+            .timed(
+                "create",
+                resource,
+                storage::create_claiming(
+                    &server.store,
+                    resource,
+                    namespace,
+                    name,
+                    object.clone(),
+                    std::slice::from_ref(&claim),
+                ),
+            )
+            .await;
+        match result {
+            Ok(stored) => return Ok(stored),
+            Err(WriteError::ClaimTaken { .. }) if requested.is_some() => {
+                return Err(ipalloc::already_allocated(ip, name));
+            }
+            Err(WriteError::ClaimTaken { .. }) => continue,
+            Err(e) => return Err(e.into_api_error(resource, name)),
+        }
+    }
+    Err(ApiError::internal(format!(
+        "failed to allocate a serviceIP after {CLUSTER_IP_ATTEMPTS_MAX} attempts"
+    )))
+}
+
+/// The offsets of every claimed ClusterIP.
+fn used_cluster_ips(server: &ApiServer) -> Result<std::collections::BTreeSet<u32>, ApiError> {
+    let prefix = crate::ipalloc::CLAIM_PREFIX;
+    let resp = server
+        .store
+        .range(&skerry_store::pb::etcdserverpb::RangeRequest {
+            key: Bytes::from(prefix),
+            range_end: Bytes::from(storage::prefix_end(prefix)),
+            keys_only: true,
+            serializable: true,
+            ..Default::default()
+        })
+        .map_err(storage::store_error)?;
+    Ok(resp
+        .kvs
+        .iter()
+        .filter_map(|kv| std::str::from_utf8(&kv.key).ok())
+        .filter_map(|k| k.strip_prefix(prefix))
+        .filter_map(|ip| ip.parse().ok())
+        .filter_map(|ip| server.service_cidr.offset(ip))
+        .collect())
+}
+
+/// The claim keys an object holds, released when it is deleted (a Service's ClusterIP).
+pub(crate) fn held_claims(resource: &ResourceInfo, object: &Value) -> Vec<String> {
+    if resource.resource == "services" {
+        crate::ipalloc::held_claims(object)
+    } else {
+        Vec::new()
+    }
 }
 
 /// The `fieldManager` of a write, or the default Kubernetes derives from the user agent
@@ -568,6 +669,18 @@ pub(crate) async fn write_update(
         &mut new,
         req.info.subresource.as_deref(),
     );
+    if resource.resource == "services" {
+        // An update that leaves the allocated addresses out keeps them (Kubernetes'
+        // PatchAllocatedValues): kubectl apply never sends what the server allocated.
+        for field in ["clusterIP", "clusterIPs"] {
+            let missing = new["spec"]
+                .get(field)
+                .is_none_or(|v| v.is_null() || v == "");
+            if missing && let Some(v) = old.value()["spec"].get(field) {
+                new["spec"][field] = v.clone();
+            }
+        }
+    }
     if req.info.subresource.is_none() {
         skerry_api::defaults::apply_defaults(resource, &mut new);
     }
@@ -597,12 +710,13 @@ pub(crate) async fn write_update(
             .timed(
                 "delete",
                 resource,
-                storage::delete(
+                storage::delete_releasing(
                     &server.store,
                     resource,
                     namespace,
                     &name,
                     Some(old.resource_version()),
+                    &held_claims(resource, old.value()),
                 ),
             )
             .await;
@@ -756,6 +870,12 @@ async fn patch(
                 admit_namespace(server, resource, namespace).await?;
                 if req.dry_run()? {
                     Ok(object)
+                } else if resource.resource == "services"
+                    && crate::ipalloc::wants_cluster_ip(&object)
+                {
+                    create_service(server, resource, namespace, name, object)
+                        .await
+                        .map_err(WriteError::Api)
                 } else {
                     server
                         .timed(
@@ -956,12 +1076,13 @@ pub async fn delete_one(
         .timed(
             "delete",
             resource,
-            storage::delete(
+            storage::delete_releasing(
                 &server.store,
                 resource,
                 namespace.as_deref(),
                 &name,
                 Some(old.resource_version()),
+                &held_claims(resource, old.value()),
             ),
         )
         .await
