@@ -25,6 +25,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// A `skerry server` with its Kubernetes API, killed on drop.
 struct Kube {
     child: Child,
+    /// etcd's API of the same server (`http://127.0.0.1:PORT`), for looking under the API.
+    etcd: String,
     dir: tempfile::TempDir,
     kubeconfig: PathBuf,
     home: PathBuf,
@@ -65,6 +67,7 @@ impl Kube {
             .expect("start skerry");
         let kube = Kube {
             child,
+            etcd: format!("http://127.0.0.1:{etcd_port}"),
             kubeconfig: data.join("admin.kubeconfig"),
             home,
             dir,
@@ -262,6 +265,26 @@ fn namespaces_tables_and_output_formats() {
     assert!(
         err.contains("Error from server (AlreadyExists): namespaces \"shop\" already exists"),
         "{err}"
+    );
+    // Events expire: they are stored on a lease (shared by the Events of the same minute).
+    let event = "apiVersion: v1\nkind: Event\nmetadata:\n  name: e1\n  namespace: shop\ninvolvedObject:\n  kind: ConfigMap\n  name: x\n  namespace: shop\nreason: Tested\nmessage: hello\ntype: Normal\n";
+    k.ok_in(&["create", "-f", "-"], Some(event));
+    let out = Command::new("etcdctl")
+        .args([
+            "--endpoints",
+            &k.etcd,
+            "get",
+            "/registry/events/shop/e1",
+            "-w",
+            "json",
+        ])
+        .env("ETCDCTL_API", "3")
+        .output()
+        .expect("etcdctl");
+    let stored: serde_json::Value = serde_json::from_slice(&out.stdout).expect("etcdctl json");
+    assert!(
+        stored["kvs"][0]["lease"].as_i64().is_some_and(|l| l != 0),
+        "{stored}"
     );
     let err = k.fails(&["get", "configmap", "nope", "-n", "shop"], None);
     assert!(

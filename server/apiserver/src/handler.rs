@@ -88,6 +88,8 @@ pub struct ApiServer {
     pub token_issuer: Option<crate::auth::serviceaccount::TokenIssuer>,
     /// Where Services get their ClusterIPs.
     pub service_cidr: crate::ipalloc::ServiceCidr,
+    /// Leases for Events (their time to live).
+    pub event_leases: crate::leases::LeaseManager,
     /// The compactor loop; aborted when the server is dropped.
     compactor: Option<tokio::task::JoinHandle<()>>,
 }
@@ -147,6 +149,7 @@ impl ApiServer {
             metrics: crate::metrics::Metrics::new(),
             token_issuer: config.token_issuer,
             service_cidr: config.service_cidr,
+            event_leases: crate::leases::LeaseManager::new(crate::leases::EVENT_TTL),
             compactor,
         })
     }

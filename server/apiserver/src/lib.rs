@@ -22,6 +22,7 @@ pub mod compactor;
 pub mod discovery;
 pub mod handler;
 pub mod ipalloc;
+pub mod leases;
 pub mod metrics;
 pub mod openapi;
 pub mod rbac_cache;

@@ -546,8 +546,33 @@ pub async fn create_claiming(
     resource: &ResourceInfo,
     namespace: Option<&str>,
     name: &str,
+    value: Value,
+    claims: &[(String, Bytes)],
+) -> Result<Value, WriteError> {
+    create_with(store, resource, namespace, name, value, claims, 0).await
+}
+
+/// Creates an object attached to store lease `lease` (it goes when the lease expires: Events
+/// and their TTL).
+pub async fn create_leased(
+    store: &Store,
+    resource: &ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
+    value: Value,
+    lease: i64,
+) -> Result<Value, WriteError> {
+    create_with(store, resource, namespace, name, value, &[], lease).await
+}
+
+async fn create_with(
+    store: &Store,
+    resource: &ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
     mut value: Value,
     claims: &[(String, Bytes)],
+    lease: i64,
 ) -> Result<Value, WriteError> {
     let key = Bytes::from(resource.key(namespace, name));
     let bytes = Bytes::from(encode_for_store(&mut value));
@@ -561,6 +586,7 @@ pub async fn create_claiming(
         request: Some(request_op::Request::RequestPut(PutRequest {
             key: key.clone(),
             value: bytes,
+            lease,
             ..Default::default()
         })),
     }];
@@ -604,8 +630,30 @@ pub async fn update(
     resource: &ResourceInfo,
     namespace: Option<&str>,
     name: &str,
+    value: Value,
+    expected_resource_version: i64,
+) -> Result<Value, WriteError> {
+    update_leased(
+        store,
+        resource,
+        namespace,
+        name,
+        value,
+        expected_resource_version,
+        0,
+    )
+    .await
+}
+
+/// [`update`], attaching the new value to store lease `lease` (0 for none).
+pub async fn update_leased(
+    store: &Store,
+    resource: &ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
     mut value: Value,
     expected_resource_version: i64,
+    lease: i64,
 ) -> Result<Value, WriteError> {
     let key = Bytes::from(resource.key(namespace, name));
     let bytes = Bytes::from(encode_for_store(&mut value));
@@ -621,6 +669,7 @@ pub async fn update(
                 request: Some(request_op::Request::RequestPut(PutRequest {
                     key: key.clone(),
                     value: bytes,
+                    lease,
                     ..Default::default()
                 })),
             }],

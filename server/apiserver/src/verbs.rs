@@ -498,6 +498,17 @@ async fn create(
     }
     let stored = if resource.resource == "services" && crate::ipalloc::wants_cluster_ip(&object) {
         create_service(server, resource, namespace, &name, object).await?
+    } else if resource.resource == "events" {
+        // Events expire: they ride a shared store lease (see `crate::leases`).
+        let lease = server.event_leases.lease(&server.store).await?;
+        server
+            .timed(
+                "create",
+                resource,
+                storage::create_leased(&server.store, resource, namespace, &name, object, lease),
+            )
+            .await
+            .map_err(|e| e.into_api_error(resource, &name))?
     } else {
         server
             .timed(
@@ -721,17 +732,25 @@ pub(crate) async fn write_update(
             )
             .await;
     }
+    // An updated Event gets a fresh TTL, as in Kubernetes (its count went up: it happened
+    // again).
+    let lease = if resource.resource == "events" {
+        server.event_leases.lease(&server.store).await?
+    } else {
+        0
+    };
     server
         .timed(
             "update",
             resource,
-            storage::update(
+            storage::update_leased(
                 &server.store,
                 resource,
                 namespace,
                 &name,
                 new,
                 old.resource_version(),
+                lease,
             ),
         )
         .await

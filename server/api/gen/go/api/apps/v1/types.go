@@ -1,0 +1,213 @@
+package v1
+
+type StatefulSet struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec StatefulSetSpec `json:"spec,omitempty"`
+	Status StatefulSetStatus `json:"status,omitempty"`
+}
+
+type StatefulSetUpdateStrategy struct {
+	Type StatefulSetUpdateStrategyType `json:"type,omitempty"`
+	RollingUpdate *RollingUpdateStatefulSetStrategy `json:"rollingUpdate,omitempty"`
+}
+
+type RollingUpdateStatefulSetStrategy struct {
+	Partition *int32 `json:"partition,omitempty"`
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+}
+
+type StatefulSetPersistentVolumeClaimRetentionPolicy struct {
+	WhenDeleted PersistentVolumeClaimRetentionPolicyType `json:"whenDeleted,omitempty"`
+	WhenScaled PersistentVolumeClaimRetentionPolicyType `json:"whenScaled,omitempty"`
+}
+
+type StatefulSetOrdinals struct {
+	Start int32 `json:"start"`
+}
+
+type StatefulSetSpec struct {
+	Replicas *int32 `json:"replicas,omitempty"`
+	Selector *metav1.LabelSelector `json:"selector"`
+	Template v1.PodTemplateSpec `json:"template"`
+	VolumeClaimTemplates []v1.PersistentVolumeClaim `json:"volumeClaimTemplates,omitempty"`
+	ServiceName string `json:"serviceName"`
+	PodManagementPolicy PodManagementPolicyType `json:"podManagementPolicy,omitempty"`
+	UpdateStrategy StatefulSetUpdateStrategy `json:"updateStrategy,omitempty"`
+	RevisionHistoryLimit *int32 `json:"revisionHistoryLimit,omitempty"`
+	MinReadySeconds int32 `json:"minReadySeconds,omitempty"`
+	PersistentVolumeClaimRetentionPolicy *StatefulSetPersistentVolumeClaimRetentionPolicy `json:"persistentVolumeClaimRetentionPolicy,omitempty"`
+	Ordinals *StatefulSetOrdinals `json:"ordinals,omitempty"`
+}
+
+type StatefulSetStatus struct {
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	Replicas int32 `json:"replicas"`
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	CurrentReplicas int32 `json:"currentReplicas,omitempty"`
+	UpdatedReplicas int32 `json:"updatedReplicas,omitempty"`
+	CurrentRevision string `json:"currentRevision,omitempty"`
+	UpdateRevision string `json:"updateRevision,omitempty"`
+	CollisionCount *int32 `json:"collisionCount,omitempty"`
+	Conditions []StatefulSetCondition `json:"conditions,omitempty"`
+	AvailableReplicas int32 `json:"availableReplicas"`
+}
+
+type StatefulSetCondition struct {
+	Type StatefulSetConditionType `json:"type"`
+	Status v1.ConditionStatus `json:"status"`
+	LastTransitionTime metav1.Time `json:"lastTransitionTime,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+type StatefulSetList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items []StatefulSet `json:"items"`
+}
+
+type Deployment struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec DeploymentSpec `json:"spec,omitempty"`
+	Status DeploymentStatus `json:"status,omitempty"`
+}
+
+type DeploymentSpec struct {
+	Replicas *int32 `json:"replicas,omitempty"`
+	Selector *metav1.LabelSelector `json:"selector"`
+	Template v1.PodTemplateSpec `json:"template"`
+	Strategy DeploymentStrategy `json:"strategy,omitempty"`
+	MinReadySeconds int32 `json:"minReadySeconds,omitempty"`
+	RevisionHistoryLimit *int32 `json:"revisionHistoryLimit,omitempty"`
+	Paused bool `json:"paused,omitempty"`
+	ProgressDeadlineSeconds *int32 `json:"progressDeadlineSeconds,omitempty"`
+}
+
+type DeploymentStrategy struct {
+	Type DeploymentStrategyType `json:"type,omitempty"`
+	RollingUpdate *RollingUpdateDeployment `json:"rollingUpdate,omitempty"`
+}
+
+type RollingUpdateDeployment struct {
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+	MaxSurge *intstr.IntOrString `json:"maxSurge,omitempty"`
+}
+
+type DeploymentStatus struct {
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	Replicas int32 `json:"replicas,omitempty"`
+	UpdatedReplicas int32 `json:"updatedReplicas,omitempty"`
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	AvailableReplicas int32 `json:"availableReplicas,omitempty"`
+	UnavailableReplicas int32 `json:"unavailableReplicas,omitempty"`
+	TerminatingReplicas *int32 `json:"terminatingReplicas,omitempty"`
+	Conditions []DeploymentCondition `json:"conditions,omitempty"`
+	CollisionCount *int32 `json:"collisionCount,omitempty"`
+}
+
+type DeploymentCondition struct {
+	Type DeploymentConditionType `json:"type"`
+	Status v1.ConditionStatus `json:"status"`
+	LastUpdateTime metav1.Time `json:"lastUpdateTime,omitempty"`
+	LastTransitionTime metav1.Time `json:"lastTransitionTime,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+type DeploymentList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items []Deployment `json:"items"`
+}
+
+type DaemonSetUpdateStrategy struct {
+	Type DaemonSetUpdateStrategyType `json:"type,omitempty"`
+	RollingUpdate *RollingUpdateDaemonSet `json:"rollingUpdate,omitempty"`
+}
+
+type RollingUpdateDaemonSet struct {
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+	MaxSurge *intstr.IntOrString `json:"maxSurge,omitempty"`
+}
+
+type DaemonSetSpec struct {
+	Selector *metav1.LabelSelector `json:"selector"`
+	Template v1.PodTemplateSpec `json:"template"`
+	UpdateStrategy DaemonSetUpdateStrategy `json:"updateStrategy,omitempty"`
+	MinReadySeconds int32 `json:"minReadySeconds,omitempty"`
+	RevisionHistoryLimit *int32 `json:"revisionHistoryLimit,omitempty"`
+}
+
+type DaemonSetStatus struct {
+	CurrentNumberScheduled int32 `json:"currentNumberScheduled"`
+	NumberMisscheduled int32 `json:"numberMisscheduled"`
+	DesiredNumberScheduled int32 `json:"desiredNumberScheduled"`
+	NumberReady int32 `json:"numberReady"`
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	UpdatedNumberScheduled int32 `json:"updatedNumberScheduled,omitempty"`
+	NumberAvailable int32 `json:"numberAvailable,omitempty"`
+	NumberUnavailable int32 `json:"numberUnavailable,omitempty"`
+	CollisionCount *int32 `json:"collisionCount,omitempty"`
+	Conditions []DaemonSetCondition `json:"conditions,omitempty"`
+}
+
+type DaemonSetCondition struct {
+	Type DaemonSetConditionType `json:"type"`
+	Status v1.ConditionStatus `json:"status"`
+	LastTransitionTime metav1.Time `json:"lastTransitionTime,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+type DaemonSet struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec DaemonSetSpec `json:"spec,omitempty"`
+	Status DaemonSetStatus `json:"status,omitempty"`
+}
+
+type DaemonSetList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items []DaemonSet `json:"items"`
+}
+
+type ReplicaSet struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec ReplicaSetSpec `json:"spec,omitempty"`
+	Status ReplicaSetStatus `json:"status,omitempty"`
+}
+
+type ReplicaSetList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items []ReplicaSet `json:"items"`
+}
+
+type ReplicaSetSpec struct {
+	Replicas *int32 `json:"replicas,omitempty"`
+	MinReadySeconds int32 `json:"minReadySeconds,omitempty"`
+	Selector *metav1.LabelSelector `json:"selector"`
+	Template v1.PodTemplateSpec `json:"template,omitempty"`
+}
+
+type ReplicaSetStatus struct {
+	Replicas int32 `json:"replicas"`
+	FullyLabeledReplicas int32 `json:"fullyLabeledReplicas,omitempty"`
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	AvailableReplicas int32 `json:"availableReplicas,omitempty"`
+	TerminatingReplicas *int32 `json:"terminatingReplicas,omitempty"`
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	Conditions []ReplicaSetCondition `json:"conditions,omitempty"`
+}
+
+type ReplicaSetCondition struct {
+	Type ReplicaSetConditionType `json:"type"`
+	Status v1.ConditionStatus `json:"status"`
+	LastTransitionTime metav1.Time `json:"lastTransitionTime,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}

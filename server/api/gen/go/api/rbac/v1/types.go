@@ -1,0 +1,77 @@
+package v1
+
+type PolicyRule struct {
+	Verbs []string `json:"verbs"`
+	APIGroups []string `json:"apiGroups,omitempty"`
+	Resources []string `json:"resources,omitempty"`
+	ResourceNames []string `json:"resourceNames,omitempty"`
+	NonResourceURLs []string `json:"nonResourceURLs,omitempty"`
+}
+
+type Subject struct {
+	Kind string `json:"kind"`
+	APIGroup string `json:"apiGroup,omitempty"`
+	Name string `json:"name"`
+	Namespace string `json:"namespace,omitempty"`
+}
+
+type RoleRef struct {
+	APIGroup string `json:"apiGroup"`
+	Kind string `json:"kind"`
+	Name string `json:"name"`
+}
+
+type Role struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Rules []PolicyRule `json:"rules"`
+}
+
+type RoleBinding struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Subjects []Subject `json:"subjects,omitempty"`
+	RoleRef RoleRef `json:"roleRef"`
+}
+
+type RoleBindingList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items []RoleBinding `json:"items"`
+}
+
+type RoleList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items []Role `json:"items"`
+}
+
+type ClusterRole struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Rules []PolicyRule `json:"rules"`
+	AggregationRule *AggregationRule `json:"aggregationRule,omitempty"`
+}
+
+type AggregationRule struct {
+	ClusterRoleSelectors []metav1.LabelSelector `json:"clusterRoleSelectors,omitempty"`
+}
+
+type ClusterRoleBinding struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Subjects []Subject `json:"subjects,omitempty"`
+	RoleRef RoleRef `json:"roleRef"`
+}
+
+type ClusterRoleBindingList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items []ClusterRoleBinding `json:"items"`
+}
+
+type ClusterRoleList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items []ClusterRole `json:"items"`
+}

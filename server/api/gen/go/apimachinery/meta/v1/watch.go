@@ -1,0 +1,6 @@
+package v1
+
+type WatchEvent struct {
+	Type string `json:"type"`
+	Object runtime.RawExtension `json:"object"`
+}
