@@ -15,6 +15,7 @@ pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 pub const JSON: &str = "application/json";
 pub const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+pub const YAML: &str = "application/yaml";
 /// A warning per header value, as Kubernetes sends them (code 299, agent "-").
 const WARNING_AGENT: &str = "299 -";
 /// Warnings sent per response; Kubernetes truncates past a total size, a count bound is
@@ -25,6 +26,8 @@ pub const WARNINGS_MAX: usize = 100;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     Json,
+    /// `application/yaml` (whole objects and lists only; watches cannot stream YAML).
+    Yaml,
     Protobuf,
     /// `application/json;as=Table;v=v1;g=meta.k8s.io` (kubectl get).
     Table(IncludeObject),
@@ -88,11 +91,12 @@ pub fn negotiate(accept: Option<&str>, include: IncludeObject) -> Result<Format,
             }
             ("application/json" | "application/*" | "*/*", None) => return Ok(Format::Json),
             (PROTOBUF, None) => return Ok(Format::Protobuf),
+            (YAML, None) => return Ok(Format::Yaml),
             _ => {}
         }
     }
     Err(ApiError::not_acceptable(format!(
-        "only the following media types are accepted: application/json, application/vnd.kubernetes.protobuf, application/json;as=Table;v=v1;g=meta.k8s.io (asked for {accept:?})"
+        "only the following media types are accepted: application/json, application/yaml, application/vnd.kubernetes.protobuf, application/json;as=Table;v=v1;g=meta.k8s.io (asked for {accept:?})"
     )))
 }
 
@@ -104,6 +108,14 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
 pub fn json(code: u16, value: &Value, warnings: &[String]) -> Response<Body> {
     let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
     bytes(code, JSON, body, warnings)
+}
+
+/// A YAML response.
+pub fn yaml(code: u16, value: &Value, warnings: &[String]) -> Response<Body> {
+    match serde_yaml_ng::to_string(value) {
+        Ok(text) => bytes(code, YAML, text, warnings),
+        Err(e) => error(&ApiError::internal(format!("encoding YAML: {e}"))),
+    }
 }
 
 /// A JSON response under another content type (aggregated discovery).
@@ -173,6 +185,10 @@ mod tests {
             Ok(Format::Protobuf)
         );
         assert_eq!(negotiate(None, IncludeObject::Metadata), Ok(Format::Json));
+        assert_eq!(
+            negotiate(Some("application/yaml"), IncludeObject::Metadata),
+            Ok(Format::Yaml)
+        );
         assert_eq!(
             negotiate(Some("text/html"), IncludeObject::Metadata).map_err(|e| e.code),
             Err(406)

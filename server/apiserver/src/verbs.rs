@@ -172,6 +172,7 @@ pub fn object_response(
             Ok(bytes) => response::bytes(code, response::PROTOBUF, bytes, warnings),
             Err(e) => response::error(&ApiError::internal(format!("encoding protobuf: {e}"))),
         },
+        Format::Yaml => response::yaml(code, object.value(), warnings),
         _ => response::bytes(code, response::JSON, object.json(), warnings),
     }
 }
@@ -318,6 +319,10 @@ pub fn list_response(
                 Ok(bytes) => response::bytes(200, response::PROTOBUF, bytes, &[]),
                 Err(e) => response::error(&ApiError::internal(format!("encoding protobuf: {e}"))),
             }
+        }
+        Format::Yaml => {
+            let items = list.items.iter().map(|o| o.value().clone()).collect();
+            response::yaml(200, &list_value(resource, items, &rv, list), &[])
         }
         Format::PartialObjectMetadata => {
             let items = list

@@ -42,7 +42,10 @@ pub async fn serve(
         ApiError::method_not_allowed(format!("{} cannot be watched", resource.resource))
     })?;
     let format = req.format()?;
-    if matches!(format, Format::Protobuf | Format::AggregatedDiscovery) {
+    if matches!(
+        format,
+        Format::Protobuf | Format::Yaml | Format::AggregatedDiscovery
+    ) {
         return Err(ApiError::not_acceptable(
             "watch streams are served as application/json (or as=Table) only",
         ));
