@@ -266,6 +266,42 @@ fn namespaces_tables_and_output_formats() {
         err.contains("Error from server (AlreadyExists): namespaces \"shop\" already exists"),
         "{err}"
     );
+    // A pod starts Pending with its QoS class; an unscheduled pod is deleted at once.
+    k.ok(&[
+        "run",
+        "probe",
+        "-n",
+        "shop",
+        "--image=busybox:1.36",
+        "--restart=Never",
+    ]);
+    assert_eq!(
+        k.ok(&[
+            "get",
+            "pod",
+            "probe",
+            "-n",
+            "shop",
+            "-o",
+            "jsonpath={.status.phase} {.status.qosClass}"
+        ]),
+        "Pending BestEffort"
+    );
+    let pods = k.ok(&["get", "pods", "-n", "shop"]);
+    assert_eq!(
+        pods.lines()
+            .next()
+            .map(|h| h.split_whitespace().collect::<Vec<_>>()),
+        Some(vec!["NAME", "READY", "STATUS", "RESTARTS", "AGE"])
+    );
+    assert!(
+        pods.contains("probe") && pods.contains("Pending") && pods.contains("0/1"),
+        "{pods}"
+    );
+    assert!(
+        k.ok(&["delete", "pod", "probe", "-n", "shop"])
+            .contains("deleted")
+    );
     // Events expire: they are stored on a lease (shared by the Events of the same minute).
     let event = "apiVersion: v1\nkind: Event\nmetadata:\n  name: e1\n  namespace: shop\ninvolvedObject:\n  kind: ConfigMap\n  name: x\n  namespace: shop\nreason: Tested\nmessage: hello\ntype: Normal\n";
     k.ok_in(&["create", "-f", "-"], Some(event));

@@ -32,12 +32,29 @@
 //! bytes, and a field number the table does not know is an error naming its path — a
 //! request is never silently truncated. Hostile input yields an error, never a panic.
 //!
-//! Zero values: Go's gogo-protobuf writes every non-pointer field even when it is zero (kubectl
-//! sends `generateName: ""`), and the wire does not say which fields were pointers. The
-//! decoder keeps zero numbers and `false` (a pointer set to zero, like `replicas: 0`, must
-//! survive), drops empty strings of optional string fields, and drops empty `Time` messages
-//! (Go's zero time, JSON `null`). So a decoded object can show `generation: 0` or
-//! `hostNetwork: false` where Go's JSON omits them: the same object, spelt longer.
+//! # Zero values: Go's JSON, not the wire's
+//!
+//! The wire does not say which fields were pointers, and Go's gogo-protobuf writes every
+//! non-pointer field even when it is zero (kubectl sends `hostIPC: false`, `paused: false`,
+//! `generation: 0`). The decoder prints what Kubernetes' own encoding/json would print for
+//! the Go struct that gogo's Unmarshal fills, using each field's Go facts from
+//! [`schema::GoField`] (`schema/go_json.json`, generated from the Go struct tags):
+//!
+//! - a non-pointer `omitempty` scalar at its zero (false, 0, "", empty bytes) is dropped;
+//! - a pointer is printed whenever it arrived, zero included (`replicas: 0` survives), and an
+//!   absent one is dropped under `omitempty` or printed as `null` without it;
+//! - a non-pointer field without `omitempty` is always printed: an absent scalar as its zero
+//!   (`containerPort: 0`), an absent slice or map as `null` (`rules: null`);
+//! - a struct is never omitted, `omitempty` or not (Go 1.23's encoding/json): an absent
+//!   non-pointer struct prints its zero value, built by the same rules (`resources: {}`,
+//!   `status: {}`), and the special types print their own zero form: `Time` and `MicroTime`
+//!   `null` (hence Kubernetes 1.32's `creationTimestamp: null` in pod templates),
+//!   `Quantity` `"0"`, `IntOrString` `0`, `Duration` `"0s"`, `RawExtension` `null`.
+//!
+//! Fields the Go sources lack (newer than the fetched release, see `server/api/gen/go/`)
+//! keep the conservative rule: zero numbers and `false` kept, `null` and empty optional
+//! strings dropped. The rules run once per decoded message ([`apply_go_json`]); inline
+//! members are Go's embedded structs, whose fields sit in the parent's JSON.
 
 use std::fmt;
 use std::io::Write as _;
@@ -336,6 +353,7 @@ fn decode_envelope(body: &[u8], depth: usize) -> Result<(TypeMeta, Value), Proto
         object.insert("kind".into(), Value::String(type_meta.kind.clone()));
     }
     decode_fields(ty, raw, &mut object, &root, depth + 1)?;
+    apply_go_json(ty, &mut object, &root, depth + 1)?;
     Ok((type_meta, Value::Object(object)))
 }
 
@@ -409,6 +427,7 @@ fn decode_fields(
                     // A message field seen twice merges (protobuf encoding guide, "Last
                     // One Wins" for scalars, merge for messages).
                     decode_fields(element, bytes, existing, &field_path, depth + 1)?;
+                    apply_go_json(element, existing, &field_path, depth + 1)?;
                 } else {
                     let value = decode_message(element, bytes, &field_path, depth + 1)?;
                     put(object, field, value);
@@ -440,8 +459,8 @@ fn decode_fields(
     Ok(())
 }
 
-/// Sets a singular field (last one wins) or appends to a repeated one, applying the
-/// zero-value rule of the module doc.
+/// Sets a singular field (last one wins) or appends to a repeated one; omission is
+/// [`apply_go_json`]'s, once the message is complete.
 fn put(object: &mut Map<String, Value>, field: &FieldSchema, value: Value) {
     if field.repeated {
         let list = object
@@ -452,16 +471,104 @@ fn put(object: &mut Map<String, Value>, field: &FieldSchema, value: Value) {
         }
         return;
     }
-    let omitted = match &value {
-        Value::Null => true,
-        Value::String(s) => s.is_empty() && field.kind == Kind::String && !field.required,
-        _ => false,
-    };
-    if omitted {
-        object.remove(&field.json);
-    } else {
-        object.insert(field.json.clone(), value);
+    object.insert(field.json.clone(), value);
+}
+
+/// Rewrites a decoded message's fields into what Go's encoding/json prints for the struct
+/// gogo's Unmarshal fills (the module doc's zero-value rules): drops zero `omitempty`
+/// scalars, prints absent non-`omitempty` fields as their zero or `null`, and builds the
+/// zero value of absent non-pointer structs. Inline members' fields live in `object` too.
+fn apply_go_json(
+    ty: &'static TypeSchema,
+    object: &mut Map<String, Value>,
+    path: &Path,
+    depth: usize,
+) -> Result<(), ProtobufError> {
+    check_depth(depth, path)?;
+    for field in ty.fields() {
+        if field.inline {
+            // An embedded non-pointer struct (the generator checks none is a pointer).
+            apply_go_json(element_type(field, path)?, object, path, depth + 1)?;
+            continue;
+        }
+        let Some(go) = field.go() else {
+            // No Go declaration: the conservative rule.
+            let drop = match object.get(&field.json) {
+                Some(Value::Null) => true,
+                Some(Value::String(s)) => {
+                    s.is_empty() && field.kind == Kind::String && !field.required && !field.repeated
+                }
+                _ => false,
+            };
+            if drop {
+                object.remove(&field.json);
+            }
+            continue;
+        };
+        match object.get(&field.json) {
+            Some(value) => {
+                if go.omitempty && !go.pointer && is_go_empty(field, value) {
+                    object.remove(&field.json);
+                }
+            }
+            None => {
+                let field_path = path.child(Segment::Field(&field.json));
+                if let Some(zero) = go_zero(field, go, &field_path, depth + 1)? {
+                    object.insert(field.json.clone(), zero);
+                }
+            }
+        }
     }
+    Ok(())
+}
+
+/// Whether Go's `omitempty` drops this decoded value of a non-pointer field: a zero
+/// scalar or empty bytes. Structs are never empty to encoding/json; a slice or map that
+/// arrived has at least one element.
+fn is_go_empty(field: &FieldSchema, value: &Value) -> bool {
+    if field.repeated || matches!(field.kind, Kind::Message | Kind::Map) {
+        return false;
+    }
+    match value {
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Null => true,
+        _ => false,
+    }
+}
+
+/// What Go prints for a field that did not arrive (its zero value), or `None` when Go
+/// omits it.
+fn go_zero(
+    field: &FieldSchema,
+    go: schema::GoField,
+    path: &Path,
+    depth: usize,
+) -> Result<Option<Value>, ProtobufError> {
+    // nil pointers, slices, maps and []byte: omitted under omitempty, else `null`.
+    let nil = go.pointer || field.repeated || matches!(field.kind, Kind::Map | Kind::Bytes);
+    if nil {
+        return Ok((!go.omitempty).then_some(Value::Null));
+    }
+    let zero = match field.kind {
+        Kind::Message => {
+            let element = element_type(field, path)?;
+            if element.special == Some(Special::ListWrapper) {
+                // A named slice type (`ExtraValue`): nil.
+                return Ok((!go.omitempty).then_some(Value::Null));
+            }
+            // A struct is never omitted; its zero value is the empty message's JSON.
+            decode_message(element, &[], path, depth)?
+        }
+        _ if go.omitempty => return Ok(None),
+        Kind::Bool => Value::Bool(false),
+        Kind::Int32 | Kind::Int64 => Value::from(0),
+        Kind::Double => Value::from(0.0),
+        Kind::String => Value::String(String::new()),
+        Kind::Bytes | Kind::Map => unreachable!("handled as nil above"),
+    };
+    Ok(Some(zero))
 }
 
 fn expect_wire(wire: u8, expected: u8, path: &Path) -> Result<(), ProtobufError> {
@@ -581,6 +688,7 @@ fn decode_message(
     let Some(special) = ty.special else {
         let mut object = Map::new();
         decode_fields(ty, bytes, &mut object, path, depth)?;
+        apply_go_json(ty, &mut object, path, depth)?;
         return Ok(Value::Object(object));
     };
     let fields = SpecialFields::read(ty, special, bytes, path)?;

@@ -476,8 +476,7 @@ async fn create(
 ) -> Result<Response<Body>, ApiError> {
     let (mut object, warnings) = decode_body(resource, req)?;
     let namespace = req.info.namespace.as_deref();
-    meta::prepare_create(resource, &mut object, namespace)?;
-    skerry_api::defaults::apply_defaults(resource, &mut object);
+    prepare_new(resource, &mut object, namespace)?;
     let name = meta::name(&object).to_string();
     invalid(
         resource,
@@ -531,6 +530,22 @@ async fn create(
         format,
         &warnings,
     ))
+}
+
+/// What every create does before validation: server-owned metadata, defaults, and the
+/// status a new object starts with (a pod's `Pending` with its QoS class, the pod strategy's
+/// PrepareForCreate).
+fn prepare_new(
+    resource: &ResourceInfo,
+    object: &mut Value,
+    namespace: Option<&str>,
+) -> Result<(), ApiError> {
+    meta::prepare_create(resource, object, namespace)?;
+    skerry_api::defaults::apply_defaults(resource, object);
+    if resource.resource == "pods" {
+        object["status"] = skerry_api::defaults::initial_pod_status(object);
+    }
+    Ok(())
 }
 
 /// Attempts to allocate a ClusterIP when the one picked was taken by a concurrent create
@@ -884,8 +899,7 @@ async fn patch(
             None => {
                 // Server-side apply creates what does not exist.
                 let mut object = decoded.object;
-                meta::prepare_create(resource, &mut object, namespace)?;
-                skerry_api::defaults::apply_defaults(resource, &mut object);
+                prepare_new(resource, &mut object, namespace)?;
                 invalid(
                     resource,
                     name,

@@ -1026,3 +1026,244 @@ type NodeSystemInfo struct {
 	OperatingSystem string `json:"operatingSystem"`
 	Architecture string `json:"architecture"`
 }
+
+type NodeConfigStatus struct {
+	Assigned *NodeConfigSource `json:"assigned,omitempty"`
+	Active *NodeConfigSource `json:"active,omitempty"`
+	LastKnownGood *NodeConfigSource `json:"lastKnownGood,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+type NodeStatus struct {
+	Capacity ResourceList `json:"capacity,omitempty"`
+	Allocatable ResourceList `json:"allocatable,omitempty"`
+	Phase NodePhase `json:"phase,omitempty"`
+	Conditions []NodeCondition `json:"conditions,omitempty"`
+	Addresses []NodeAddress `json:"addresses,omitempty"`
+	DaemonEndpoints NodeDaemonEndpoints `json:"daemonEndpoints,omitempty"`
+	NodeInfo NodeSystemInfo `json:"nodeInfo,omitempty"`
+	Images []ContainerImage `json:"images,omitempty"`
+	VolumesInUse []UniqueVolumeName `json:"volumesInUse,omitempty"`
+	VolumesAttached []AttachedVolume `json:"volumesAttached,omitempty"`
+	Config *NodeConfigStatus `json:"config,omitempty"`
+	RuntimeHandlers []NodeRuntimeHandler `json:"runtimeHandlers,omitempty"`
+	Features *NodeFeatures `json:"features,omitempty"`
+}
+
+type AttachedVolume struct {
+	Name UniqueVolumeName `json:"name"`
+	DevicePath string `json:"devicePath"`
+}
+
+type ContainerImage struct {
+	Names []string `json:"names"`
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
+}
+
+type NodeCondition struct {
+	Type NodeConditionType `json:"type"`
+	Status ConditionStatus `json:"status"`
+	LastHeartbeatTime metav1.Time `json:"lastHeartbeatTime,omitempty"`
+	LastTransitionTime metav1.Time `json:"lastTransitionTime,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+type NodeAddress struct {
+	Type NodeAddressType `json:"type"`
+	Address string `json:"address"`
+}
+
+type Node struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec NodeSpec `json:"spec,omitempty"`
+	Status NodeStatus `json:"status,omitempty"`
+}
+
+type NodeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items []Node `json:"items"`
+}
+
+type NamespaceSpec struct {
+	Finalizers []FinalizerName `json:"finalizers,omitempty"`
+}
+
+type NamespaceStatus struct {
+	Phase NamespacePhase `json:"phase,omitempty"`
+	Conditions []NamespaceCondition `json:"conditions,omitempty"`
+}
+
+type NamespaceCondition struct {
+	Type NamespaceConditionType `json:"type"`
+	Status ConditionStatus `json:"status"`
+	LastTransitionTime metav1.Time `json:"lastTransitionTime,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+type Namespace struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec NamespaceSpec `json:"spec,omitempty"`
+	Status NamespaceStatus `json:"status,omitempty"`
+}
+
+type NamespaceList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items []Namespace `json:"items"`
+}
+
+type Binding struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Target ObjectReference `json:"target"`
+}
+
+type ObjectReference struct {
+	Kind string `json:"kind,omitempty"`
+	Namespace string `json:"namespace,omitempty"`
+	Name string `json:"name,omitempty"`
+	UID types.UID `json:"uid,omitempty"`
+	APIVersion string `json:"apiVersion,omitempty"`
+	ResourceVersion string `json:"resourceVersion,omitempty"`
+	FieldPath string `json:"fieldPath,omitempty"`
+}
+
+type LocalObjectReference struct {
+	Name string `json:"name,omitempty"`
+}
+
+type TypedLocalObjectReference struct {
+	APIGroup *string `json:"apiGroup"`
+	Kind string `json:"kind"`
+	Name string `json:"name"`
+}
+
+type EventSource struct {
+	Component string `json:"component,omitempty"`
+	Host string `json:"host,omitempty"`
+}
+
+type Event struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	InvolvedObject ObjectReference `json:"involvedObject"`
+	Reason string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+	Source EventSource `json:"source,omitempty"`
+	FirstTimestamp metav1.Time `json:"firstTimestamp,omitempty"`
+	LastTimestamp metav1.Time `json:"lastTimestamp,omitempty"`
+	Count int32 `json:"count,omitempty"`
+	Type string `json:"type,omitempty"`
+	EventTime metav1.MicroTime `json:"eventTime,omitempty"`
+	Series *EventSeries `json:"series,omitempty"`
+	Action string `json:"action,omitempty"`
+	Related *ObjectReference `json:"related,omitempty"`
+	ReportingController string `json:"reportingComponent"`
+	ReportingInstance string `json:"reportingInstance"`
+}
+
+type EventSeries struct {
+	Count int32 `json:"count,omitempty"`
+	LastObservedTime metav1.MicroTime `json:"lastObservedTime,omitempty"`
+}
+
+type EventList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items []Event `json:"items"`
+}
+
+type Secret struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Immutable *bool `json:"immutable,omitempty"`
+	Data map[string][]byte `json:"data,omitempty"`
+	StringData map[string]string `json:"stringData,omitempty"`
+	Type SecretType `json:"type,omitempty"`
+}
+
+type SecretList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items []Secret `json:"items"`
+}
+
+type ConfigMap struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Immutable *bool `json:"immutable,omitempty"`
+	Data map[string]string `json:"data,omitempty"`
+	BinaryData map[string][]byte `json:"binaryData,omitempty"`
+}
+
+type ConfigMapList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items []ConfigMap `json:"items"`
+}
+
+type DownwardAPIVolumeSource struct {
+	Items []DownwardAPIVolumeFile `json:"items,omitempty"`
+	DefaultMode *int32 `json:"defaultMode,omitempty"`
+}
+
+type DownwardAPIVolumeFile struct {
+	Path string `json:"path"`
+	FieldRef *ObjectFieldSelector `json:"fieldRef,omitempty"`
+	ResourceFieldRef *ResourceFieldSelector `json:"resourceFieldRef,omitempty"`
+	Mode *int32 `json:"mode,omitempty"`
+}
+
+type DownwardAPIProjection struct {
+	Items []DownwardAPIVolumeFile `json:"items,omitempty"`
+}
+
+type SecurityContext struct {
+	Capabilities *Capabilities `json:"capabilities,omitempty"`
+	Privileged *bool `json:"privileged,omitempty"`
+	SELinuxOptions *SELinuxOptions `json:"seLinuxOptions,omitempty"`
+	WindowsOptions *WindowsSecurityContextOptions `json:"windowsOptions,omitempty"`
+	RunAsUser *int64 `json:"runAsUser,omitempty"`
+	RunAsGroup *int64 `json:"runAsGroup,omitempty"`
+	RunAsNonRoot *bool `json:"runAsNonRoot,omitempty"`
+	ReadOnlyRootFilesystem *bool `json:"readOnlyRootFilesystem,omitempty"`
+	AllowPrivilegeEscalation *bool `json:"allowPrivilegeEscalation,omitempty"`
+	ProcMount *ProcMountType `json:"procMount,omitempty"`
+	SeccompProfile *SeccompProfile `json:"seccompProfile,omitempty"`
+	AppArmorProfile *AppArmorProfile `json:"appArmorProfile,omitempty"`
+}
+
+type SELinuxOptions struct {
+	User string `json:"user,omitempty"`
+	Role string `json:"role,omitempty"`
+	Type string `json:"type,omitempty"`
+	Level string `json:"level,omitempty"`
+}
+
+type WindowsSecurityContextOptions struct {
+	GMSACredentialSpecName *string `json:"gmsaCredentialSpecName,omitempty"`
+	GMSACredentialSpec *string `json:"gmsaCredentialSpec,omitempty"`
+	RunAsUserName *string `json:"runAsUserName,omitempty"`
+	HostProcess *bool `json:"hostProcess,omitempty"`
+}
+
+type Sysctl struct {
+	Name string `json:"name"`
+	Value string `json:"value"`
+}
+
+type PortStatus struct {
+	Port int32 `json:"port"`
+	Protocol Protocol `json:"protocol"`
+	Error *string `json:"error,omitempty"`
+}
+
+type ImageVolumeSource struct {
+	Reference string `json:"reference,omitempty"`
+	PullPolicy PullPolicy `json:"pullPolicy,omitempty"`
+}
