@@ -1738,6 +1738,8 @@ mod tests {
                 "podIPs": [{"ip": "10.0.0.7"}],
                 "startTime": "2024-01-02T03:04:06Z",
                 "conditions": [{"type": "Ready", "status": "True",
+                                // A non-pointer metav1.Time: never omitted, the zero prints null.
+                                "lastProbeTime": null,
                                 "lastTransitionTime": "2024-01-02T03:04:07Z"}]
             }
         });
@@ -1757,7 +1759,9 @@ mod tests {
         let deployment = json!({
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}},
+            // Go prints the zero metav1.Time as null (Kubernetes 1.32, Go 1.23).
+            "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"},
+                         "creationTimestamp": null},
             "spec": {
                 // A pointer field set to zero must survive (the module doc's zero rule).
                 "replicas": 0,
@@ -1767,13 +1771,16 @@ mod tests {
                              "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 1}},
                 "revisionHistoryLimit": 10,
                 "template": {
-                    "metadata": {"labels": {"app": "web"}},
-                    "spec": {"containers": [{"name": "nginx", "image": "nginx:1.27"}]}
+                    "metadata": {"labels": {"app": "web"}, "creationTimestamp": null},
+                    // Container.resources is a struct value: never omitted.
+                    "spec": {"containers": [{"name": "nginx", "image": "nginx:1.27",
+                                             "resources": {}}]}
                 }
             },
             "status": {"observedGeneration": 3, "replicas": 2, "readyReplicas": 2,
                        "conditions": [{"type": "Available", "status": "True",
                                        "lastUpdateTime": "2024-01-02T03:04:05Z",
+                                       "lastTransitionTime": null,
                                        "reason": "MinimumReplicasAvailable"}]}
         });
         round_trip(deployment.clone());
@@ -1785,7 +1792,7 @@ mod tests {
         let secret = json!({
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": "s1", "namespace": "default"},
+            "metadata": {"name": "s1", "namespace": "default", "creationTimestamp": null},
             "type": "Opaque",
             // "b", "", binary bytes 00 ff fe, and a 5-byte value (one padding character).
             "data": {"a": "Yg==", "empty": "", "binary": "AP/+", "five": "aGVsbG8="},
@@ -1811,19 +1818,20 @@ mod tests {
     fn config_map_namespace_and_service_round_trip() {
         round_trip(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "c1", "namespace": "default"},
+            "metadata": {"name": "c1", "namespace": "default", "creationTimestamp": null},
             "data": {"k": "v", "multi": "line1\nline2"},
             "binaryData": {"bin": "AQID"}
         }));
         round_trip(json!({
             "apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": "x", "deletionTimestamp": "2030-12-31T23:59:59Z"},
+            "metadata": {"name": "x", "deletionTimestamp": "2030-12-31T23:59:59Z",
+                         "creationTimestamp": null},
             "spec": {"finalizers": ["kubernetes"]},
             "status": {"phase": "Terminating"}
         }));
         let service = json!({
             "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "web", "namespace": "default"},
+            "metadata": {"name": "web", "namespace": "default", "creationTimestamp": null},
             "spec": {
                 "type": "NodePort",
                 "selector": {"app": "web"},
@@ -1852,7 +1860,8 @@ mod tests {
     fn lease_round_trips_with_micro_time() {
         let lease = json!({
             "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": "skerry-leader", "namespace": "kube-system"},
+            "metadata": {"name": "skerry-leader", "namespace": "kube-system",
+                         "creationTimestamp": null},
             "spec": {
                 "holderIdentity": "node-1",
                 "leaseDurationSeconds": 15,
@@ -1870,7 +1879,7 @@ mod tests {
     }
 
     #[test]
-    fn time_keeps_seconds_only_and_null_time_is_omitted() {
+    fn time_keeps_seconds_only_and_zero_time_is_null() {
         let with_fraction = json!({"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": "x", "creationTimestamp": "2024-01-02T04:04:05.999+01:00"}});
         let body = encode("v1", "Namespace", &with_fraction).expect("encode");
@@ -1884,7 +1893,12 @@ mod tests {
             "metadata": {"name": "x", "creationTimestamp": null}});
         let (_, decoded) =
             decode(&encode("v1", "Namespace", &with_null).expect("encode")).expect("decode");
-        assert_eq!(decoded["metadata"], json!({"name": "x"}));
+        // ObjectMeta.creationTimestamp is a metav1.Time value: Go prints its zero as null
+        // (the `omitzero` that drops it arrived after Kubernetes 1.32).
+        assert_eq!(
+            decoded["metadata"],
+            json!({"name": "x", "creationTimestamp": null})
+        );
     }
 
     #[test]
@@ -1910,15 +1924,18 @@ mod tests {
         round_trip(json!({
             "apiVersion": "v1", "kind": "ConfigMapList",
             "metadata": {"resourceVersion": "12", "continue": "abc", "remainingItemCount": 3},
-            "items": [{"metadata": {"name": "a"}, "data": {"k": "v"}},
-                      {"metadata": {"name": "b"}}]
+            "items": [{"metadata": {"name": "a", "creationTimestamp": null}, "data": {"k": "v"}},
+                      {"metadata": {"name": "b", "creationTimestamp": null}}]
         }));
         // Stored objects carry apiVersion/kind; inside a list they are accepted and dropped.
         let list = json!({"apiVersion": "v1", "kind": "ConfigMapList", "metadata": {},
             "items": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}]});
         let (_, decoded) =
             decode(&encode("v1", "ConfigMapList", &list).expect("encode")).expect("decode");
-        assert_eq!(decoded["items"], json!([{"metadata": {"name": "a"}}]));
+        assert_eq!(
+            decoded["items"],
+            json!([{"metadata": {"name": "a", "creationTimestamp": null}}])
+        );
     }
 
     /// The envelope byte for byte as kubectl 1.32 writes it (see the captured fixture): the
@@ -1951,35 +1968,133 @@ mod tests {
                 kind: "Namespace".into()
             }
         );
-        // kubectl (gogo) writes every non-pointer field; empty optional strings and the zero
-        // creationTimestamp are dropped, the int64 generation 0 is kept (module doc).
+        // Expected JSON reasoned from the Go tags (k8s.io/api core/v1 and apimachinery
+        // meta/v1 types.go): kubectl (gogo) writes every non-pointer field. `generateName`,
+        // `namespace`, ... are `string ,omitempty`: dropped when "". `generation` is
+        // `int64 ,omitempty`: dropped at 0. `creationTimestamp` is a metav1.Time value:
+        // a struct, never omitted, its zero prints null. `spec` and `status` are struct
+        // values: printed, empty. This is json.Marshal of the decoded v1.Namespace.
         assert_eq!(
             object,
             json!({"apiVersion": "v1", "kind": "Namespace",
-                   "metadata": {"name": "x", "generation": 0}, "spec": {}, "status": {}})
+                   "metadata": {"name": "x", "creationTimestamp": null},
+                   "spec": {}, "status": {}})
         );
         let _: k8s_openapi::api::core::v1::Namespace = typed(&object);
     }
 
+    /// `kubectl create deployment web --image=nginx:1.27 --replicas=0 --port=80`, decoded to
+    /// exactly json.Marshal of the apps/v1 Deployment gogo fills. Expected JSON reasoned
+    /// from the Go tags (gen/go/api/apps/v1 and core/v1 types.go), field by field:
+    /// `replicas` is `*int32`: kept at 0. `paused`, `minReadySeconds` are `omitempty`
+    /// values: dropped at zero. `strategy` and `status` are struct values: `{}`.
+    /// `template.metadata.creationTimestamp` (metav1.Time value): null. PodSpec's bools,
+    /// strings and the `hostIPC`-style flags are `omitempty`: dropped. `resources` is a
+    /// ResourceRequirements value: `{}`. `containerPort` has no `omitempty`: kept;
+    /// `hostPort` (0) and `protocol` ("") are `omitempty`: dropped. `containers` arrived;
+    /// no absent non-`omitempty` slice remains.
     #[test]
-    fn decodes_kubectl_create_deployment_and_secret() {
-        // `kubectl create deployment web --image=nginx:1.27 --replicas=0 --port=80`
-        let (_, deployment) = decode(&fixture("kubectl-create-deployment.pb")).expect("decode");
-        assert_eq!(deployment["spec"]["replicas"], 0);
+    fn decodes_kubectl_create_deployment_exactly() {
+        let (type_meta, deployment) =
+            decode(&fixture("kubectl-create-deployment.pb")).expect("decode");
+        assert_eq!(type_meta.kind, "Deployment");
         assert_eq!(
-            deployment["spec"]["selector"],
-            json!({"matchLabels": {"app": "web"}})
+            deployment,
+            json!({
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {
+                    "name": "web",
+                    "namespace": "default",
+                    "labels": {"app": "web"},
+                    "creationTimestamp": null
+                },
+                "spec": {
+                    "replicas": 0,
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "web"}, "creationTimestamp": null},
+                        "spec": {"containers": [{
+                            "name": "nginx",
+                            "image": "nginx:1.27",
+                            "ports": [{"containerPort": 80}],
+                            "resources": {}
+                        }]}
+                    },
+                    "strategy": {}
+                },
+                "status": {}
+            })
         );
-        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
-        assert_eq!(container["name"], "nginx");
-        assert_eq!(container["image"], "nginx:1.27");
-        assert_eq!(container["ports"][0]["containerPort"], 80);
-        assert_eq!(container["resources"], json!({}));
         let _: k8s_openapi::api::apps::v1::Deployment = typed(&deployment);
-        // `kubectl create secret generic s1 --from-literal=a=b`
+    }
+
+    /// `kubectl create secret generic s1 --from-literal=a=b`: `data` is
+    /// `map[string][]byte` (base64 in JSON), `type` a `string ,omitempty` ("" from kubectl:
+    /// dropped), `immutable` a `*bool` (nil: absent). Expected JSON reasoned from the Go
+    /// tags as above.
+    #[test]
+    fn decodes_kubectl_create_secret_exactly() {
         let (_, secret) = decode(&fixture("kubectl-create-secret.pb")).expect("decode");
-        assert_eq!(secret["data"], json!({"a": "Yg=="}));
-        assert_eq!(secret["metadata"]["namespace"], "default");
+        assert_eq!(
+            secret,
+            json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "s1", "namespace": "default", "creationTimestamp": null},
+                "data": {"a": "Yg=="}
+            })
+        );
+        let _: k8s_openapi::api::core::v1::Secret = typed(&secret);
+    }
+
+    /// Go's rules on fields the wire did not carry (another encoder than gogo, or skerry's
+    /// own): a non-`omitempty` scalar prints its zero, a non-`omitempty` slice `null`, an
+    /// absent struct value its zero value with the specials' own zero forms.
+    #[test]
+    fn absent_fields_print_as_go_prints_their_zero() {
+        // Role.rules is `[]PolicyRule json:"rules"` (no omitempty): nil prints null.
+        let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                          "metadata": {"name": "r"}});
+        let (_, decoded) =
+            decode(&encode("rbac.authorization.k8s.io/v1", "Role", &role).expect("encode"))
+                .expect("decode");
+        assert_eq!(decoded["rules"], Value::Null);
+        assert!(decoded.as_object().expect("object").contains_key("rules"));
+        // ServicePort: `port` int32 without omitempty prints 0; `targetPort` is an
+        // IntOrString value (a struct): its zero prints 0; `nodePort` (omitempty) is absent.
+        let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
+                             "spec": {"ports": [{"name": "p"}]}});
+        let (_, decoded) =
+            decode(&encode("v1", "Service", &service).expect("encode")).expect("decode");
+        assert_eq!(
+            decoded["spec"]["ports"][0],
+            json!({"name": "p", "port": 0, "targetPort": 0})
+        );
+        assert_eq!(decoded["status"], json!({"loadBalancer": {}}));
+        // ResourceFieldSelector.divisor is a Quantity value: its zero prints "0".
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "env": [{"name": "E", "valueFrom":
+                {"resourceFieldRef": {"resource": "limits.cpu"}}}]}]}});
+        let (_, decoded) = decode(&encode("v1", "Pod", &pod).expect("encode")).expect("decode");
+        assert_eq!(
+            decoded["spec"]["containers"][0]["env"][0]["valueFrom"]["resourceFieldRef"],
+            json!({"resource": "limits.cpu", "divisor": "0"})
+        );
+        // Pointers keep their zero; omitempty values drop theirs.
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "stdin": false, "tty": true,
+                                     "securityContext": {"privileged": false}}],
+                     "hostIPC": false, "automountServiceAccountToken": false}});
+        let (_, decoded) = decode(&encode("v1", "Pod", &pod).expect("encode")).expect("decode");
+        let spec = &decoded["spec"];
+        assert_eq!(spec["automountServiceAccountToken"], false);
+        assert!(spec.get("hostIPC").is_none());
+        let container = &spec["containers"][0];
+        assert!(container.get("stdin").is_none());
+        assert_eq!(container["tty"], true);
+        assert_eq!(container["securityContext"], json!({"privileged": false}));
+        assert_eq!(decoded["status"], json!({}));
     }
 
     #[test]
@@ -2088,7 +2203,8 @@ mod tests {
         assert_eq!(
             event,
             json!({"type": "ADDED", "object": {"apiVersion": "v1", "kind": "Namespace",
-                                               "metadata": {"name": "x"}}})
+                                               "metadata": {"name": "x", "creationTimestamp": null},
+                                               "spec": {}, "status": {}}})
         );
         assert!(matches!(
             decode(&nested_watch_events(NESTING_DEPTH_MAX)),
@@ -2188,20 +2304,45 @@ mod tests {
         }
 
         /// Arbitrary labels and data survive a round trip. (An empty map has no wire form:
-        /// it decodes as absent, as Go's `omitempty` shows it.)
+        /// it decodes as absent, as Go's `omitempty` shows it; so does a zero `generation`,
+        /// an `int64` with `omitempty`.)
         #[test]
         fn config_maps_round_trip(
             labels in proptest::collection::btree_map("[a-z./-]{1,20}", "[ -~]{0,20}", 1..5),
             data in proptest::collection::btree_map("[a-zA-Z0-9._-]{1,20}", any::<String>(), 1..5),
             generation in any::<i64>(),
         ) {
-            let object = json!({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "c", "labels": labels, "generation": generation},
+            let mut object = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "c", "labels": labels, "generation": generation,
+                             "creationTimestamp": null},
                 "data": data});
             let body = encode("v1", "ConfigMap", &object).expect("encode");
             prop_assert_eq!(body.capacity(), body.len());
             let (_, decoded) = decode(&body).expect("decode");
+            if generation == 0 {
+                object["metadata"].as_object_mut().expect("metadata").remove("generation");
+            }
             prop_assert_eq!(decoded, object);
+        }
+
+        /// Decoding is idempotent under Go's rules: an object decoded from protobuf, encoded
+        /// again and decoded again is unchanged (zeros dropped once stay dropped, zero values
+        /// built once are encoded and come back the same).
+        #[test]
+        fn go_json_is_a_fixed_point(replicas in 0i32..3, paused in any::<bool>(), port in 0i32..3) {
+            let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "d"},
+                "spec": {"replicas": replicas, "paused": paused, "selector": {},
+                         "template": {"spec": {"containers": [
+                             {"name": "c", "ports": [{"containerPort": port}]}]}}}});
+            let once = decode(&encode("apps/v1", "Deployment", &deployment).expect("encode"))
+                .expect("decode").1;
+            let twice = decode(&encode("apps/v1", "Deployment", &once).expect("encode"))
+                .expect("decode").1;
+            prop_assert_eq!(&once["spec"]["replicas"], &json!(replicas));
+            prop_assert_eq!(once["spec"].get("paused").is_some(), paused);
+            prop_assert_eq!(&once["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"], &json!(port));
+            prop_assert_eq!(twice, once);
         }
     }
 }

@@ -232,7 +232,10 @@ impl TypeSchema {
 struct GoTable {
     #[allow(dead_code, reason = "provenance for people reading go_json.json")]
     generator: String,
-    #[allow(dead_code, reason = "documents the flag letters for people reading go_json.json")]
+    #[allow(
+        dead_code,
+        reason = "documents the flag letters for people reading go_json.json"
+    )]
     flags: String,
     types: HashMap<String, HashMap<String, String>>,
 }
@@ -479,9 +482,15 @@ mod tests {
                 omitempty: false
             })
         );
-        assert_eq!(go("io.k8s.api.core.v1.Container", "resources"), value_omitempty);
         assert_eq!(
-            go("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "generation"),
+            go("io.k8s.api.core.v1.Container", "resources"),
+            value_omitempty
+        );
+        assert_eq!(
+            go(
+                "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+                "generation"
+            ),
             value_omitempty
         );
         // Through the inline VolumeSource: a pointer to each source.
@@ -502,7 +511,12 @@ mod tests {
         for r in RESOURCES {
             let ty = lookup(r.definition).expect("kind in the table");
             for f in ty.fields().iter().filter(|f| !f.inline) {
-                assert!(f.go().is_some(), "{}.{} has no Go facts", r.definition, f.json);
+                assert!(
+                    f.go().is_some(),
+                    "{}.{} has no Go facts",
+                    r.definition,
+                    f.json
+                );
             }
         }
     }
