@@ -4,6 +4,7 @@
 //!   histories; start at `check::check_all`.
 //! - `sim`: the deterministic simulation of a cluster, judged by `check`.
 
+pub mod apibench;
 pub mod check;
 pub mod sim;
 pub mod torture;

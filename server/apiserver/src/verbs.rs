@@ -242,22 +242,19 @@ async fn list(
     let filter = filter_of(resource, req)?;
     let format = req.format()?;
     let cache = server.caches.get(resource.resource);
-    // Kubernetes serves a LIST from the watch cache when the client accepts any state at
-    // least as new as a version (`resourceVersion=0` or NotOlderThan without a continue),
-    // and from the store (consistently) otherwise.
-    let from_cache = opts.continue_token.is_none()
-        && match (opts.resource_version, opts.resource_version_match) {
-            (Some(0), _) => true,
-            (Some(_), Some(ResourceVersionMatch::NotOlderThan)) => true,
-            (Some(_), None) => opts.page_limit().is_none(),
-            _ => false,
-        };
+    // The cache decides where a LIST is served (`watch_cache::plan`, Kubernetes 1.32's
+    // rules): from memory for `resourceVersion=0`, NotOlderThan, an Exact version inside its
+    // window, and consistent reads (the store's current revision, read linearizably, then
+    // waited for in the cache); from the store for continue tokens and limited reads at a
+    // version.
     let list = match cache {
-        Some(cache) if from_cache => {
-            wait_for_cache(server, cache, opts.resource_version).await?;
+        Some(cache) => {
+            if opts.continue_token.is_none() && opts.page_limit().is_none() {
+                wait_for_cache(server, cache, opts.resource_version).await?;
+            }
             cache.list(&opts, filter).await?
         }
-        _ => {
+        None => {
             server
                 .timed(
                     "list",
