@@ -11,7 +11,10 @@
 //! - in process, `storage::list` with `resourceVersion` unset: what the HTTP handler runs
 //!   for `resourceVersion=""` today: a barrier, one store range, and a JSON decode of every
 //!   object;
-//! - over HTTP, `GET .../pods?resourceVersion=0` and `GET .../pods`: the above plus encoding,
+//! - over HTTP, `GET .../pods?resourceVersion=0`, `GET .../pods` (consistent, from the cache
+//!   since the handler lets the cache plan every LIST) and `GET .../pods?limit=N` with N the
+//!   pod count (a limited consistent LIST, which Kubernetes and skerry read from the store, in
+//!   one page here): the above plus encoding,
 //!   TLS and HTTP/2 flow control, timed to the last byte of the body. From the cache the items
 //!   are spliced in as each object's memoized JSON, so only the first (cold) LIST encodes
 //!   them; it is the untimed warm-up, reported on its own.
@@ -31,11 +34,12 @@ use super::http::Client;
 use super::stats::{median, ms};
 
 /// The ways a LIST is served, in the order each run times them.
-pub const LIST_WAYS: [ListWay; 5] = [
+pub const LIST_WAYS: [ListWay; 6] = [
     ListWay::CacheAny,
     ListWay::CacheConsistent,
     ListWay::Store,
     ListWay::HttpCache,
+    ListWay::HttpConsistent,
     ListWay::HttpStore,
 ];
 
@@ -50,7 +54,9 @@ pub enum ListWay {
     Store,
     /// `GET /api/v1/namespaces/<ns>/pods?resourceVersion=0` over HTTP/2 + TLS.
     HttpCache,
-    /// `GET /api/v1/namespaces/<ns>/pods` over HTTP/2 + TLS (the handler reads the store).
+    /// `GET /api/v1/namespaces/<ns>/pods` over HTTP/2 + TLS (consistent, from the cache).
+    HttpConsistent,
+    /// `GET /api/v1/namespaces/<ns>/pods?limit=<count>` over HTTP/2 + TLS (from the store).
     HttpStore,
 }
 
@@ -62,7 +68,8 @@ impl ListWay {
             ListWay::CacheConsistent => "in-process cache rv=\"\" (consistent)",
             ListWay::Store => "in-process store rv=\"\"",
             ListWay::HttpCache => "HTTP GET rv=0",
-            ListWay::HttpStore => "HTTP GET rv=\"\"",
+            ListWay::HttpConsistent => "HTTP GET rv=\"\" (consistent, cache)",
+            ListWay::HttpStore => "HTTP GET limit=N (store)",
         }
     }
 
@@ -73,7 +80,8 @@ impl ListWay {
             ListWay::CacheConsistent => "in_process_cache_consistent",
             ListWay::Store => "in_process_store",
             ListWay::HttpCache => "http_rv0",
-            ListWay::HttpStore => "http_rv_empty",
+            ListWay::HttpConsistent => "http_rv_empty",
+            ListWay::HttpStore => "http_limit_store",
         }
     }
 }
@@ -146,10 +154,17 @@ pub async fn run_list(
 
     // Warm-up: checks every HTTP body once, and times the cold cache LIST.
     let started = Instant::now();
-    let body = list_over_http(client, true).await?;
+    let body = list_over_http(client, ListWay::HttpCache, count).await?;
     let http_cache_cold = started.elapsed();
     check_body(&body, count)?;
-    check_body(&list_over_http(client, false).await?, count)?;
+    check_body(
+        &list_over_http(client, ListWay::HttpConsistent, count).await?,
+        count,
+    )?;
+    check_body(
+        &list_over_http(client, ListWay::HttpStore, count).await?,
+        count,
+    )?;
     let http_body_bytes = body.len();
     for way in [ListWay::CacheAny, ListWay::CacheConsistent, ListWay::Store] {
         time_way(harness, client, way, count).await?;
@@ -205,8 +220,8 @@ async fn time_way(
             .map_err(|e| anyhow!("{}: {}", way.name(), e.message))?
             .items
             .len(),
-        ListWay::HttpCache | ListWay::HttpStore => {
-            let body = list_over_http(client, way == ListWay::HttpCache).await?;
+        ListWay::HttpCache | ListWay::HttpConsistent | ListWay::HttpStore => {
+            let body = list_over_http(client, way, count).await?;
             let elapsed = started.elapsed();
             ensure!(!body.is_empty(), "{}: empty body", way.name());
             // Bodies were checked item by item in the warm-up; parsing 20 MiB again per run
@@ -223,9 +238,13 @@ async fn time_way(
     Ok(elapsed)
 }
 
-/// The body of one LIST of the namespace's pods over HTTP, from the cache or the store.
-async fn list_over_http(client: &Client, from_cache: bool) -> Result<bytes::Bytes> {
-    let query = if from_cache { "?resourceVersion=0" } else { "" };
+/// The body of one LIST of the namespace's pods over HTTP, the way `way` asks.
+async fn list_over_http(client: &Client, way: ListWay, count: usize) -> Result<bytes::Bytes> {
+    let query = match way {
+        ListWay::HttpCache => "?resourceVersion=0".to_string(),
+        ListWay::HttpStore => format!("?limit={count}"),
+        _ => String::new(),
+    };
     let path = format!("/api/v1/namespaces/{LIST_NAMESPACE}/pods{query}");
     let (status, body) = client.call(Method::GET, &path, bytes::Bytes::new()).await?;
     ensure!(
