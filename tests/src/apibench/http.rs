@@ -131,7 +131,24 @@ impl Client {
         path_and_query: &str,
         body: Bytes,
     ) -> Result<(StatusCode, Bytes)> {
-        let request = self.request(method, path_and_query, body)?;
+        self.call_with(method, path_and_query, &[], body).await
+    }
+
+    /// [`Client::call`] with extra headers, which replace the JSON defaults of the same name
+    /// (`Content-Type` for a patch or a protobuf body, `Accept`).
+    pub async fn call_with(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        headers: &[(header::HeaderName, &str)],
+        body: Bytes,
+    ) -> Result<(StatusCode, Bytes)> {
+        let mut request = self.request(method, path_and_query, body)?;
+        for (name, value) in headers {
+            request
+                .headers_mut()
+                .insert(name.clone(), value.parse().context("a header value")?);
+        }
         let exchange = async {
             let response = self.send(0, request).await?;
             let status = response.status();
