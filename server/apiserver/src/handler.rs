@@ -18,6 +18,7 @@ use rustls_pki_types::CertificateDer;
 use serde_json::json;
 use skerry_api::ApiError;
 use skerry_store::Store;
+use tracing::Instrument;
 
 use crate::auth::rbac::{self, Attributes, RbacSource};
 use crate::auth::{self, Authenticator, UserInfo};
@@ -175,9 +176,31 @@ impl ApiServer {
             namespace = info.namespace.as_deref().unwrap_or(""),
             name = info.name.as_deref().unwrap_or(""),
         );
-        let _enter = span.enter();
         let verb = info.verb.clone();
         let resource_label = info.resource.clone();
+        let response = self
+            .respond(parts, body, path, query, info, peer_certs)
+            .instrument(span)
+            .await;
+        self.metrics.observe_request(
+            &verb,
+            &resource_label,
+            response.status().as_u16(),
+            started.elapsed(),
+        );
+        response
+    }
+
+    /// Authenticates, authorizes and routes one request (inside its span).
+    async fn respond(
+        self: &Arc<Self>,
+        parts: http::request::Parts,
+        body: Incoming,
+        path: String,
+        query: HashMap<String, String>,
+        info: RequestInfo,
+        peer_certs: Arc<Vec<CertificateDer<'static>>>,
+    ) -> Response<Body> {
         let authorization = parts
             .headers
             .get(header::AUTHORIZATION)
@@ -200,7 +223,7 @@ impl ApiServer {
             Ok(user) => user,
             Err(e) => return response::error(&e),
         };
-        let response = match self.authorize(&info, &user) {
+        match self.authorize(&info, &user) {
             Err(e) => response::error(&e),
             Ok(()) => {
                 let body = if matches!(parts.method, Method::GET | Method::HEAD) {
@@ -225,14 +248,7 @@ impl ApiServer {
                     }
                 }
             }
-        };
-        self.metrics.observe_request(
-            &verb,
-            &resource_label,
-            response.status().as_u16(),
-            started.elapsed(),
-        );
-        response
+        }
     }
 
     /// Runs one store operation, recording its latency as `etcd_request_duration_seconds`
