@@ -1,11 +1,16 @@
-//! WATCH over HTTP: newline-delimited JSON events from the resource's watch cache, in
-//! Kubernetes' framing (`{"type":"ADDED","object":{...}}` per line), kept open until
-//! `timeoutSeconds` (kubectl's `get -w` exits when the stream ends, so streams stay open for
-//! minutes).
+//! WATCH over HTTP: events from the resource's watch cache in Kubernetes' framing, kept open
+//! until `timeoutSeconds` (kubectl's `get -w` exits when the stream ends, so streams stay
+//! open for minutes). Two encodings, negotiated from `Accept`:
+//! - JSON (`application/json`): `{"type":"ADDED","object":{...}}` per line;
+//! - protobuf (`application/vnd.kubernetes.protobuf`, with or without `;stream=watch`):
+//!   length-prefixed `WatchEvent` messages, answered as
+//!   `application/vnd.kubernetes.protobuf;stream=watch` (client-go's protobuf watch).
 //!
-//! JSON watchers receive the cache's frames as they are: one serialization per event, the
-//! same bytes for every watcher. kubectl's `get -w` asks for Table rows instead; those few
-//! frames are converted per watcher.
+//! JSON and protobuf watchers receive the cache's frames as they are: one serialization per
+//! event and encoding, the same bytes for every watcher of that encoding. kubectl's `get -w`
+//! asks for Table rows instead; those few JSON frames are converted per watcher. Kinds with
+//! no protobuf schema (custom resources) are refused protobuf with 406, as Kubernetes
+//! refuses protobuf for CRDs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,8 +26,8 @@ use skerry_api::{ApiError, ResourceInfo};
 use crate::handler::{ApiServer, Request};
 use crate::response::{self, Body, Format, IncludeObject};
 use crate::verbs::filter_of;
-use crate::watch_cache::WatchOptions;
 use crate::watch_cache::object::CachedObject;
+use crate::watch_cache::{Encoding, WatchOptions};
 
 /// A watch without `timeoutSeconds` ends after a random time in [this, 2 × this), so that
 /// the watches of many clients that started together do not all end and relist together
@@ -42,14 +47,25 @@ pub async fn serve(
         ApiError::method_not_allowed(format!("{} cannot be watched", resource.resource))
     })?;
     let format = req.format()?;
-    if matches!(
-        format,
-        Format::Protobuf | Format::Yaml | Format::AggregatedDiscovery
-    ) {
+    if matches!(format, Format::Yaml | Format::AggregatedDiscovery) {
         return Err(ApiError::not_acceptable(
-            "watch streams are served as application/json (or as=Table) only",
+            "watch streams are served as application/json (or as=Table) or application/vnd.kubernetes.protobuf only",
         ));
     }
+    let encoding = match format {
+        Format::Protobuf => {
+            let api_version = resource.api_version();
+            if skerry_api::schema::definition_for_kind(&api_version, resource.kind).is_none() {
+                return Err(ApiError::not_acceptable(format!(
+                    "{} {api_version} has no protobuf serialization; watch it as application/json",
+                    resource.kind
+                )));
+            }
+            Encoding::Protobuf
+        }
+        // Table and metadata-only frames are rewritten from the JSON ones.
+        _ => Encoding::Json,
+    };
     let resource_version =
         match req.param("resourceVersion") {
             None | Some("") => None,
@@ -92,6 +108,7 @@ pub async fn serve(
         timeout: Some(timeout),
         filter,
         namespace: req.info.namespace.clone(),
+        encoding,
     };
     crate::verbs::wait_for_cache(server, cache, opts.resource_version).await?;
     let stream = cache.watch(opts).await?;
@@ -116,9 +133,13 @@ pub async fn serve(
         .boxed_unsync(),
     };
     let mut response = Response::new(body);
+    let content_type = match format {
+        Format::Protobuf => encoding.watch_content_type(),
+        _ => response::JSON,
+    };
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static(response::JSON),
+        http::HeaderValue::from_static(content_type),
     );
     Ok(response)
 }

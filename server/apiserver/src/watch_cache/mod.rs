@@ -11,7 +11,10 @@
 //!
 //! Seed tricks carried here (section 2 of the tour):
 //! - "Serialize Once, Deliver to a Thousand Watchers" ([`object`]): frames are built once
-//!   per event and shared as `Bytes`; [`CacheMetrics::serializations`] counts encodings.
+//!   per event and per encoding actually watched (JSON, protobuf), and shared as `Bytes`;
+//!   [`CacheMetrics::serializations`] counts encodings. Each watcher records its
+//!   [`Encoding`], and every frame it is sent (events, backlog, snapshot, bookmarks, ERROR)
+//!   is of that encoding.
 //! - "Bookmarks in a Bucket" ([`bookmarks`], [`stream`]): one ticker per cache pops
 //!   watchers due for a bookmark (or their deadline) by whole second; WatchList's three
 //!   states live in the stream.
@@ -63,7 +66,7 @@ pub use crate::storage::{CachedList, Filter, ListOptions, ResourceVersionMatch};
 use bookmarks::{Buckets, bucket_of, next_bookmark};
 use history::{Event, History, TooOld};
 pub use object::{CachedObject, Encoding, EventType};
-use object::{json_frame, set_resource_version};
+use object::{encode_value, set_resource_version, watch_frame};
 use stream::{Initial, Registration};
 pub use stream::{Phase, WatchStream};
 
@@ -212,6 +215,8 @@ pub struct WatchOptions {
     pub filter: Option<Filter>,
     /// The namespace of a namespaced request.
     pub namespace: Option<String>,
+    /// The encoding of every frame of the stream (negotiated from `Accept`).
+    pub encoding: Encoding,
 }
 
 /// What the cache can tell waiters without taking its lock.
@@ -271,6 +276,8 @@ struct Watcher {
     namespace: Option<String>,
     filter: Option<Filter>,
     allow_bookmarks: bool,
+    /// The encoding of every frame this watcher is sent.
+    encoding: Encoding,
     /// From the clock base.
     deadline: Option<Duration>,
     /// The bucket the watcher's next bookmark is filed under; entries under other seconds
@@ -294,11 +301,11 @@ impl Watcher {
         let current = event.event_type != EventType::Deleted && self.matches(&event.object);
         let previous = event.prev.as_ref().is_some_and(|p| self.matches(p));
         match (current, previous) {
-            (true, true) => Some(event.object.frame(EventType::Modified, Encoding::Json)),
-            (true, false) => Some(event.object.frame(EventType::Added, Encoding::Json)),
+            (true, true) => Some(event.object.frame(EventType::Modified, self.encoding)),
+            (true, false) => Some(event.object.frame(EventType::Added, self.encoding)),
             (false, true) => event
                 .deleted_object()
-                .map(|o| o.frame(EventType::Deleted, Encoding::Json)),
+                .map(|o| o.frame(EventType::Deleted, self.encoding)),
             (false, false) => None,
         }
     }
@@ -696,6 +703,7 @@ impl Shared {
             namespace: opts.namespace.clone().filter(|_| self.resource.namespaced),
             filter: opts.filter.clone(),
             allow_bookmarks: opts.allow_bookmarks,
+            encoding: opts.encoding,
             deadline: opts.timeout.map(|t| now + t),
             bookmark_bucket: None,
             deadline_bucket: None,
@@ -726,12 +734,12 @@ impl Shared {
                     let e = ApiError::expired(format!(
                         "too old resource version: {from} ({window_start})"
                     ));
-                    return Ok(WatchStream::single(error_frame(&e)));
+                    return Ok(WatchStream::single(error_frame(&e, opts.encoding)));
                 }
             }
         }
-        let end_bookmark =
-            (opts.send_initial_events == Some(true)).then(|| self.bookmark_frame(start, true));
+        let end_bookmark = (opts.send_initial_events == Some(true))
+            .then(|| self.bookmark_frame(start, true, opts.encoding));
         let id = state.next_watcher_id;
         state.next_watcher_id += 1;
         if watcher.allow_bookmarks
@@ -753,6 +761,7 @@ impl Shared {
             .watchers_registered
             .fetch_add(1, Ordering::Relaxed);
         Ok(WatchStream::new(
+            opts.encoding,
             initial,
             end_bookmark,
             rx,
@@ -768,8 +777,13 @@ impl Shared {
     }
 
     /// A BOOKMARK frame at `resource_version`: the kind, apiVersion and resourceVersion
-    /// only (plus the end-of-initial-events annotation for WatchList).
-    fn bookmark_frame(&self, resource_version: i64, initial_events_end: bool) -> Bytes {
+    /// only (plus the end-of-initial-events annotation for WatchList), in `encoding`.
+    fn bookmark_frame(
+        &self,
+        resource_version: i64,
+        initial_events_end: bool,
+        encoding: Encoding,
+    ) -> Bytes {
         let mut metadata = json!({"resourceVersion": resource_version.to_string()});
         if initial_events_end {
             metadata["annotations"] = json!({INITIAL_EVENTS_END_ANNOTATION: "true"});
@@ -780,12 +794,18 @@ impl Shared {
             "metadata": metadata,
         });
         self.metrics.serializations.fetch_add(1, Ordering::Relaxed);
-        let bytes = serde_json::to_vec(&object).expect("a serde_json::Value always serializes");
-        json_frame("BOOKMARK", &bytes)
+        match encode_value(encoding, &object) {
+            Ok(bytes) => watch_frame(encoding, "BOOKMARK", &bytes),
+            // A kind outside the protobuf schema; `watch.rs` refuses such watches up front.
+            Err(e) => error_frame(
+                &ApiError::internal(format!("encoding a bookmark: {e}")),
+                encoding,
+            ),
+        }
     }
 
     /// One ticker pop at `now`: ends watchers past their deadline, then sends a bookmark to
-    /// every watcher due one this second, built once for all of them.
+    /// every watcher due one this second, built once per encoding for all of them.
     fn tick(&self, now: Duration) {
         let second = bucket_of(now);
         let mut state = self.state.lock();
@@ -804,7 +824,7 @@ impl Shared {
             return;
         }
         let resource_version = state.resource_version;
-        let frame = OnceLock::new();
+        let frames: [OnceLock<Bytes>; Encoding::COUNT] = Default::default();
         let mut refile = Vec::new();
         let mut sent = 0;
         for (bucket, id) in due {
@@ -817,7 +837,9 @@ impl Shared {
             // Every event up to `resource_version` is already in the queue ahead of this
             // bookmark, so it claims nothing the watcher has not been sent. A full queue
             // skips it: events are flowing, which says as much.
-            let frame = frame.get_or_init(|| self.bookmark_frame(resource_version, false));
+            let encoding = w.encoding;
+            let frame = frames[encoding.index()]
+                .get_or_init(|| self.bookmark_frame(resource_version, false, encoding));
             if w.tx.try_send(frame.clone()).is_ok() {
                 sent += 1;
             }
@@ -1048,10 +1070,9 @@ impl Shared {
     }
 }
 
-/// An in-stream ERROR frame carrying the Status of `e`.
-fn error_frame(e: &ApiError) -> Bytes {
-    let status = serde_json::to_vec(&e.to_status()).expect("a serde_json::Value always serializes");
-    json_frame("ERROR", &status)
+/// An in-stream ERROR frame carrying the Status of `e`, in `encoding`.
+fn error_frame(e: &ApiError, encoding: Encoding) -> Bytes {
+    object::error_frame(encoding, &e.to_status())
 }
 
 /// The cache's task: list, watch, apply, tick; relist on watch error or loss.

@@ -15,6 +15,9 @@
 //! a revision goes straight from its backlog (state 1 with events instead of objects) to
 //! state 3.
 //!
+//! Every frame of a stream is in the watcher's one [`Encoding`]: the cache frames its events,
+//! backlog and bookmarks so, and the snapshot's ADDED frames are framed here in it.
+//!
 //! The stream ends when the cache drops the watcher's queue (it was too slow, the watch
 //! reached its deadline, or the cache relisted); dropping the stream unregisters the watcher.
 
@@ -73,6 +76,8 @@ impl Drop for Registration {
 #[derive(Debug)]
 pub struct WatchStream {
     phase: Phase,
+    /// The encoding of the snapshot's frames (the other frames arrive already framed).
+    encoding: Encoding,
     initial: VecDeque<Initial>,
     end_bookmark: Option<Bytes>,
     live: Option<mpsc::Receiver<Bytes>>,
@@ -81,6 +86,7 @@ pub struct WatchStream {
 
 impl WatchStream {
     pub(crate) fn new(
+        encoding: Encoding,
         initial: VecDeque<Initial>,
         end_bookmark: Option<Bytes>,
         live: mpsc::Receiver<Bytes>,
@@ -88,6 +94,7 @@ impl WatchStream {
     ) -> Self {
         Self {
             phase: Phase::InitialEvents,
+            encoding,
             initial,
             end_bookmark,
             live: Some(live),
@@ -99,6 +106,7 @@ impl WatchStream {
     pub(crate) fn single(frame: Bytes) -> Self {
         Self {
             phase: Phase::InitialEvents,
+            encoding: Encoding::default(),
             initial: VecDeque::from([Initial::Frame(frame)]),
             end_bookmark: None,
             live: None,
@@ -121,7 +129,7 @@ impl Stream for WatchStream {
             match this.phase {
                 Phase::InitialEvents => match this.initial.pop_front() {
                     Some(Initial::Added(object)) => {
-                        return Poll::Ready(Some(object.frame(EventType::Added, Encoding::Json)));
+                        return Poll::Ready(Some(object.frame(EventType::Added, this.encoding)));
                     }
                     Some(Initial::Frame(frame)) => return Poll::Ready(Some(frame)),
                     None => {

@@ -721,3 +721,220 @@ fn which_lists_the_cache_serves() {
     );
     assert!(WatchCacheConfig::default().validate().is_ok());
 }
+
+/// The next frame of a protobuf stream: the event type and its object decoded by the normal
+/// protobuf serializer (magic and `runtime.Unknown` envelope checked on the way).
+async fn next_protobuf(stream: &mut WatchStream) -> (String, Value) {
+    let frame = tokio::time::timeout(WAIT, stream.next())
+        .await
+        .expect("a frame in time")
+        .expect("stream open");
+    let (event, used) = object::decode_protobuf_frame(&frame)
+        .expect("a well-formed frame")
+        .expect("a whole frame");
+    assert_eq!(used, frame.len(), "one WatchEvent per frame");
+    assert!(
+        event.raw.starts_with(&skerry_api::protobuf::MAGIC),
+        "the object keeps the normal serializer's magic"
+    );
+    let (type_meta, object) = skerry_api::protobuf::decode(&event.raw).expect("object decodes");
+    assert!(!type_meta.kind.is_empty(), "the envelope names the kind");
+    (event.event_type, object)
+}
+
+fn protobuf_from(rv: i64) -> WatchOptions {
+    WatchOptions {
+        encoding: Encoding::Protobuf,
+        ..live_from(rv)
+    }
+}
+
+/// What a JSON watch frame's object becomes after a protobuf round trip: the form a
+/// protobuf client decodes (Go's zero values filled in).
+fn via_protobuf(object: &Value) -> Value {
+    let kind = object["kind"].as_str().expect("kind");
+    let api_version = object["apiVersion"].as_str().expect("apiVersion");
+    let bytes = skerry_api::protobuf::encode(api_version, kind, object).expect("encode");
+    skerry_api::protobuf::decode(&bytes).expect("decode").1
+}
+
+/// A JSON and a protobuf watcher of one cache see the same events, in the same order, and
+/// each event is serialized once per encoding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_and_json_watchers_see_the_same_events() {
+    let (_dir, store) = open();
+    let cache = started(&store, WatchCacheConfig::default()).await;
+    let rv = cache.resource_version();
+    let mut json_stream = cache.watch(live_from(rv)).await.expect("json watch");
+    let mut proto_stream = cache
+        .watch(protobuf_from(rv))
+        .await
+        .expect("protobuf watch");
+    let a = put_pod(&store, "ns", "a", "web").await;
+    put_pod(&store, "ns", "b", "web").await;
+    update(&store, pods(), Some("ns"), "a", pod("ns", "a", "db"), a)
+        .await
+        .expect("update");
+    delete(&store, pods(), Some("ns"), "b", None)
+        .await
+        .expect("delete");
+    for expected in ["ADDED", "ADDED", "MODIFIED", "DELETED"] {
+        let json_event = next(&mut json_stream).await;
+        let (event_type, object) = next_protobuf(&mut proto_stream).await;
+        assert_eq!(json_event["type"], expected);
+        assert_eq!(event_type, expected);
+        assert_eq!(object, via_protobuf(&json_event["object"]));
+    }
+    assert!(a > rv);
+    assert_eq!(
+        cache.metrics().serializations(),
+        8,
+        "four events, two encodings"
+    );
+}
+
+/// Reference: the seed's cachingObject, per encoding: 50 protobuf watchers of 10 events
+/// cost 10 protobuf serializations and share every frame buffer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_protobuf_watchers_ten_events_ten_serializations() {
+    let (_dir, store) = open();
+    let cache = started(&store, WatchCacheConfig::default()).await;
+    let rv = cache.resource_version();
+    let mut streams = Vec::new();
+    for _ in 0..50 {
+        streams.push(cache.watch(protobuf_from(rv)).await.expect("watch"));
+    }
+    for i in 0..10 {
+        put_pod(&store, "ns", &format!("p{i}"), "web").await;
+    }
+    let mut first_frames: Vec<Bytes> = Vec::new();
+    for (n, stream) in streams.iter_mut().enumerate() {
+        for i in 0..10 {
+            let frame = tokio::time::timeout(WAIT, stream.next())
+                .await
+                .expect("in time")
+                .expect("open");
+            if n == 0 {
+                first_frames.push(frame);
+            } else {
+                assert_eq!(
+                    frame.as_ptr(),
+                    first_frames[i].as_ptr(),
+                    "every protobuf watcher gets the same frame buffer"
+                );
+            }
+        }
+    }
+    for (i, frame) in first_frames.iter().enumerate() {
+        let (event, _) = object::decode_protobuf_frame(frame)
+            .expect("well-formed")
+            .expect("whole");
+        assert_eq!(event.event_type, "ADDED");
+        let (_, pod) = skerry_api::protobuf::decode(&event.raw).expect("decode");
+        assert_eq!(pod["metadata"]["name"], format!("p{i}"));
+    }
+    assert_eq!(cache.metrics().serializations(), 10);
+}
+
+/// WatchList in protobuf: snapshot, the annotated end bookmark (an object of the watched
+/// kind carrying only its metadata), ticker bookmarks, and a 410 ERROR carrying a Status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_bookmark_and_error_frames_decode() {
+    let (_dir, store) = open();
+    let config = WatchCacheConfig {
+        window_events_min: 4,
+        window_events_max: 4,
+        ..Default::default()
+    };
+    let first = put_pod(&store, "ns", "p0", "web").await;
+    let cache = started(&store, config).await;
+    let mut stream = cache
+        .watch(WatchOptions {
+            resource_version: None,
+            send_initial_events: Some(true),
+            allow_bookmarks: true,
+            encoding: Encoding::Protobuf,
+            ..Default::default()
+        })
+        .await
+        .expect("watch list");
+    let (event_type, pod) = next_protobuf(&mut stream).await;
+    assert_eq!(event_type, "ADDED");
+    assert_eq!(pod["metadata"]["name"], "p0");
+    let (event_type, bookmark) = next_protobuf(&mut stream).await;
+    assert_eq!(event_type, "BOOKMARK");
+    assert_eq!(bookmark["kind"], "Pod");
+    assert_eq!(bookmark["apiVersion"], "v1");
+    assert_eq!(
+        bookmark["metadata"]["resourceVersion"],
+        first.to_string().as_str()
+    );
+    assert_eq!(
+        bookmark["metadata"]["annotations"][INITIAL_EVENTS_END_ANNOTATION],
+        "true"
+    );
+    assert_eq!(stream.phase(), Phase::Live);
+
+    // A ticker bookmark goes out once per encoding to the watchers of each.
+    let mut json_stream = cache
+        .watch(WatchOptions {
+            allow_bookmarks: true,
+            ..live_from(first)
+        })
+        .await
+        .expect("json watch");
+    let before = cache.metrics().serializations();
+    cache
+        .shared
+        .tick(cache.shared.now() + BOOKMARK_FREQUENCY + Duration::from_secs(1));
+    let (event_type, bookmark) = next_protobuf(&mut stream).await;
+    assert_eq!(event_type, "BOOKMARK");
+    assert_eq!(
+        bookmark["metadata"]["resourceVersion"],
+        first.to_string().as_str()
+    );
+    assert!(
+        bookmark["metadata"]["annotations"].is_null(),
+        "only the end bookmark is annotated"
+    );
+    assert_eq!(next(&mut json_stream).await["type"], "BOOKMARK");
+    assert_eq!(cache.metrics().serializations(), before + 2);
+
+    let mut last = first;
+    for i in 1..10 {
+        last = put_pod(&store, "ns", &format!("p{i}"), "web").await;
+    }
+    cache.wait_fresh(last).await.expect("caught up");
+    let mut expired = cache.watch(protobuf_from(first)).await.expect("a stream");
+    let (event_type, status) = next_protobuf(&mut expired).await;
+    assert_eq!(event_type, "ERROR");
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(status["code"], 410);
+    assert_eq!(status["reason"], "Expired");
+    assert!(ended(&mut expired).await);
+}
+
+/// The frame decoder refuses hostile input instead of panicking, and asks for more bytes
+/// when a frame is incomplete.
+#[test]
+fn protobuf_frames_split_and_refuse_garbage() {
+    let frame = object::watch_frame(Encoding::Protobuf, "ADDED", b"k8s\0xyz");
+    for cut in 0..frame.len() {
+        assert_eq!(
+            object::decode_protobuf_frame(&frame[..cut]),
+            Ok(None),
+            "{cut} bytes"
+        );
+    }
+    let mut two = frame.to_vec();
+    two.extend_from_slice(&frame);
+    let (event, used) = object::decode_protobuf_frame(&two)
+        .expect("ok")
+        .expect("whole");
+    assert_eq!(used, frame.len());
+    assert_eq!(event.event_type, "ADDED");
+    assert_eq!(&event.raw[..], b"k8s\0xyz");
+    // A length past the end of the message, and an endless varint.
+    assert!(object::decode_protobuf_frame(&[0, 0, 0, 2, 0x0a, 0x05]).is_err());
+    assert!(object::decode_protobuf_frame(&[0, 0, 0, 3, 0x0a, 0xff, 0xff]).is_err());
+}
