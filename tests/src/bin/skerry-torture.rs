@@ -10,9 +10,10 @@
 //! ```
 //!
 //! As root each member gets a network namespace and partitions are nft rules; otherwise a TCP
-//! proxy between members cuts them. The report folder (`--out`, default
-//! `target/torture/<timestamp>`) holds `history.txt`, `watches.txt`, `faults.txt`,
-//! `verdict.txt`, `plot.svg` and the members' logs. Exit code: 0 when the run is valid, 1 when
+//! proxy between members cuts them. A compactor compacts the store every `--compact-interval`
+//! (default 5 s) during the run. The report folder (`--out`, default
+//! `target/torture/<timestamp>`) holds `history.txt`, `watches.txt`, `compactions.txt`,
+//! `faults.txt`, `verdict.txt`, `plot.svg` and the members' logs. Exit code: 0 when the run is valid, 1 when
 //! it is not (a violation, an inconclusive check, a crash, no recovery), 2 when it could not
 //! run.
 
@@ -74,6 +75,10 @@ struct Cli {
     /// --snapshot-count for every member.
     #[arg(long, default_value_t = 5_000)]
     snapshot_count: u64,
+    /// How often the compactor compacts the store (jittered ±50 %); 0s turns it off
+    /// [default: 5s, `torture::compactor::COMPACT_INTERVAL_DEFAULT`].
+    #[arg(long, value_parser = parse_duration)]
+    compact_interval: Option<Duration>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -146,6 +151,9 @@ fn run(cli: Cli) -> Result<bool> {
     config.fault_duration = cli.fault_duration;
     config.check_budget = cli.check_budget;
     config.snapshot_count = cli.snapshot_count;
+    if let Some(interval) = cli.compact_interval {
+        config.compact_interval = interval;
+    }
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

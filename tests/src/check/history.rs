@@ -238,7 +238,12 @@ pub enum WatchItem {
     /// A progress notification: the header revision of an empty watch response.
     Progress { revision: i64 },
     /// The watch was cancelled because the revisions it still needed were compacted.
-    Compacted { compact_revision: i64 },
+    /// `received` is when the cancel arrived, on the ops' clock: the compaction it reports
+    /// must have been asked for before then.
+    Compacted {
+        compact_revision: i64,
+        received: u64,
+    },
     /// The watcher reconnected and watched again from `from_revision`.
     Resumed { from_revision: i64 },
 }
@@ -253,8 +258,9 @@ pub struct CommittedEvent {
     pub value: Vec<u8>,
 }
 
-/// The store's history as read at the end of a run with faults healed (for example by a watch
-/// from `from_revision` on a healthy cluster), and the compactions the harness performed.
+/// The store's history (read by a watch from `from_revision`, during the run or at its end),
+/// and what the harness did to that history: its compactions, and its reads at past revisions,
+/// both judged against it by `check::compaction`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CommittedHistory {
     /// `events` holds every event with a revision at or above this one; events below it (for
@@ -262,8 +268,89 @@ pub struct CommittedHistory {
     pub from_revision: i64,
     /// In revision order.
     pub events: Vec<CommittedEvent>,
-    /// The revisions the harness compacted at.
-    pub compactions: Vec<i64>,
+    /// Every compaction the harness asked for, whatever came of it.
+    pub compactions: Vec<Compaction>,
+    /// Every read at a past revision the harness made.
+    pub past_reads: Vec<PastRead>,
+}
+
+/// One etcd `Compact` request (physical = false, as Kubernetes' compactor sends it): compact
+/// away every revision below `revision`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compaction {
+    /// Unique among compactions; violations name them by it.
+    pub id: u64,
+    pub revision: i64,
+    /// When it was sent and answered, on the ops' clock; `complete` is `None` when no answer
+    /// came (the outcome is then `Unknown`).
+    pub invoke: u64,
+    pub complete: Option<u64>,
+    pub outcome: CompactOutcome,
+}
+
+/// How a compaction ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompactOutcome {
+    /// Acknowledged: the store is compacted at `revision` from the commit on.
+    Ok,
+    /// Refused with etcd's "required revision has been compacted": the store was already
+    /// compacted at or above `revision`.
+    AlreadyCompacted,
+    /// Refused with an error the server returns only when nothing happened (no leader,
+    /// connection refused, a future revision).
+    Failed,
+    /// No answer, or an error after which it may or may not have been applied.
+    Unknown,
+}
+
+impl Compaction {
+    /// Whether the store may have compacted at `revision` because of this request.
+    pub fn may_have_applied(&self) -> bool {
+        matches!(self.outcome, CompactOutcome::Ok | CompactOutcome::Unknown)
+    }
+
+    /// The floor this request proves the store had reached by the time it completed: an
+    /// acknowledged compaction, or a refusal because of an earlier one, shows the store was
+    /// compacted at `revision` or above. `None` when it proves nothing.
+    pub fn proven_floor(&self) -> Option<(u64, i64)> {
+        match (self.outcome, self.complete) {
+            (CompactOutcome::Ok | CompactOutcome::AlreadyCompacted, Some(complete)) => {
+                Some((complete, self.revision))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A linearizable range read at a past revision (etcd `Range` with `revision` set).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PastRead {
+    /// Unique among past reads.
+    pub id: u64,
+    /// The revision asked for.
+    pub revision: i64,
+    /// The etcd range read, with [`Call::Range`]'s conventions.
+    pub range: (Vec<u8>, Vec<u8>),
+    pub invoke: u64,
+    /// A read changes nothing, so one without an answer is simply `Failed` and completes
+    /// when the client gave up.
+    pub complete: u64,
+    pub outcome: PastReadOutcome,
+}
+
+/// What a read at a past revision returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PastReadOutcome {
+    /// The keys of the range as they were at the revision asked for, and the response
+    /// header's revision (the store's current one).
+    Ok {
+        header_revision: i64,
+        kvs: Vec<KeyValue>,
+    },
+    /// etcd's "required revision has been compacted".
+    Compacted,
+    /// Any other error or a timeout: judged by nothing.
+    Failed,
 }
 
 /// The store's contents read at the end with faults healed: key -> value and mod_revision.

@@ -9,10 +9,12 @@
 //! - `revisions`: the global revision invariants across keys, and reads seeing exactly the
 //!   writes at or below their revision.
 //! - `watch`: watch streams against the committed history.
+//! - `compaction`: the answers to compactions and to reads at past revisions.
 //! - `lost`: no acknowledged write lost from the final state.
 //!
 //! Start at [`check_all`].
 
+pub mod compaction;
 pub mod history;
 pub mod linearizable;
 pub mod lost;
@@ -22,9 +24,11 @@ pub mod watch;
 use std::fmt;
 use std::time::Duration;
 
+pub use compaction::{CompactionViolation, check_compactions};
 pub use history::{
-    Answer, Call, CommittedEvent, CommittedHistory, EventKind, Expect, FinalState, HistoryError,
-    KeyValue, Op, Outcome, Versioned, WatchItem, WatchLog, range_contains, validate,
+    Answer, Call, CommittedEvent, CommittedHistory, CompactOutcome, Compaction, EventKind, Expect,
+    FinalState, HistoryError, KeyValue, Op, Outcome, PastRead, PastReadOutcome, Versioned,
+    WatchItem, WatchLog, range_contains, validate,
 };
 pub use linearizable::{Verdict, check_linearizable};
 pub use lost::{LostWrite, check_lost_writes};
@@ -43,6 +47,7 @@ pub struct Report {
     pub linearizability: Verdict,
     pub revisions: Vec<RevisionViolation>,
     pub watches: Vec<WatchViolation>,
+    pub compactions: Vec<CompactionViolation>,
     pub lost_writes: Vec<LostWrite>,
 }
 
@@ -60,6 +65,7 @@ impl Report {
         matches!(self.linearizability, Verdict::Violation { .. })
             || !self.revisions.is_empty()
             || !self.watches.is_empty()
+            || !self.compactions.is_empty()
             || !self.lost_writes.is_empty()
     }
 }
@@ -103,12 +109,14 @@ impl fmt::Display for Report {
         writeln!(f, "linearizability: {}", self.linearizability)?;
         write_section(f, "revisions", &self.revisions)?;
         write_section(f, "watches", &self.watches)?;
+        write_section(f, "compactions", &self.compactions)?;
         write_section(f, "lost writes", &self.lost_writes)
     }
 }
 
 /// Runs every checker: linearizability (giving up after `budget`), the revision invariants,
-/// the watch logs against `committed`, and lost writes against `final_state`.
+/// the watch logs against `committed`, its compactions and past reads against its events,
+/// and lost writes against `final_state`.
 pub fn check_all(
     history: &[Op],
     watches: &[WatchLog],
@@ -121,6 +129,7 @@ pub fn check_all(
         linearizability: check_linearizable(history, budget),
         revisions: check_revisions(history),
         watches: check_watches(watches, committed),
+        compactions: check_compactions(committed),
         lost_writes: check_lost_writes(history, final_state),
     }
 }
@@ -161,7 +170,7 @@ mod tests {
         let committed = CommittedHistory {
             from_revision: 1,
             events,
-            compactions: Vec::new(),
+            ..CommittedHistory::default()
         };
         (history, vec![watch], committed, final_state)
     }
@@ -310,6 +319,7 @@ mod tests {
                 },
                 2 => WatchItem::Compacted {
                     compact_revision: revision(rng),
+                    received: time(rng),
                 },
                 _ => WatchItem::Resumed {
                     from_revision: revision(rng),
@@ -333,7 +343,37 @@ mod tests {
                         value: key(&mut rng),
                     })
                     .collect(),
-                compactions: vec![revision(&mut rng)],
+                compactions: vec![Compaction {
+                    id: 0,
+                    revision: revision(&mut rng),
+                    invoke: time(&mut rng),
+                    complete: rng.random_bool(0.5).then(|| time(&mut rng)),
+                    outcome: [
+                        CompactOutcome::Ok,
+                        CompactOutcome::AlreadyCompacted,
+                        CompactOutcome::Failed,
+                        CompactOutcome::Unknown,
+                    ][rng.random_range(0..4)],
+                }],
+                past_reads: vec![PastRead {
+                    id: 0,
+                    revision: revision(&mut rng),
+                    range: (key(&mut rng), key(&mut rng)),
+                    invoke: time(&mut rng),
+                    complete: time(&mut rng),
+                    outcome: match rng.random_range(0..3) {
+                        0 => PastReadOutcome::Compacted,
+                        1 => PastReadOutcome::Failed,
+                        _ => PastReadOutcome::Ok {
+                            header_revision: revision(&mut rng),
+                            kvs: vec![KeyValue {
+                                key: key(&mut rng),
+                                value: key(&mut rng),
+                                mod_revision: revision(&mut rng),
+                            }],
+                        },
+                    },
+                }],
             };
             let final_state: FinalState = (0..rng.random_range(0..3))
                 .map(|_| {
@@ -372,5 +412,6 @@ mod tests {
         assert!(summary.contains("revisions: 1 violations"), "{summary}");
         assert!(summary.contains("lost writes: 1 violations"), "{summary}");
         assert!(summary.contains("watches: ok"), "{summary}");
+        assert!(summary.contains("compactions: ok"), "{summary}");
     }
 }

@@ -8,12 +8,15 @@
 //! revision in any order). Across a resume from F, no committed event of the range may lie
 //! between what the previous segment covered and F, except revisions a `Compacted` item said
 //! were gone. A progress notification at R claims every event at or below R was delivered.
-//! A `Compacted { compact_revision: C }` must name a revision the harness compacted, and the
-//! watch (or its resume) must have started below C; after it the stream is cancelled, so only
-//! a `Resumed` may follow. That the watcher had already received everything below C is not
-//! held against it: etcd 3.4 compares C with the watcher's `minRev`, which a synced watcher
-//! does not advance as it receives events, so after a snapshot restore it may be compacted
-//! though it is caught up.
+//! A `Compacted { compact_revision: C }` must name exactly the revision of a compaction the
+//! harness asked for before the error arrived and that may have happened (acknowledged, or its
+//! answer lost): etcd reports its current compact revision, which only a compaction request
+//! sets. The watch (or its resume) must have started below C, since a watch from C or above
+//! needs nothing compacted. After it the stream is cancelled, so only a `Resumed` may follow,
+//! and a resume from C may skip the revisions below C, but nothing at or above it. That the
+//! watcher had already received everything below C is not held against it: etcd 3.4 compares
+//! C with the watcher's `minRev`, which a synced watcher does not advance as it receives
+//! events, so after a snapshot restore it may be compacted though it is caught up.
 //!
 //! Events below the committed history's `from_revision` cannot be checked against it and are
 //! checked only for order and duplicates. The resume revision is the client's choice, so a
@@ -23,7 +26,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use super::history::{
-    self, CommittedEvent, CommittedHistory, EventKind, WatchItem, WatchLog, show,
+    self, CommittedEvent, CommittedHistory, Compaction, EventKind, WatchItem, WatchLog, show,
 };
 
 /// Events listed in one violation; the rest are only counted. Enough to see the pattern
@@ -262,7 +265,6 @@ pub fn check_watches(logs: &[WatchLog], committed: &CommittedHistory) -> Vec<Wat
         .iter()
         .map(|event| ((event.revision, event.key.as_slice()), *event))
         .collect();
-    let compactions: HashSet<i64> = committed.compactions.iter().copied().collect();
     for log in logs {
         let expected: Vec<&CommittedEvent> = events
             .iter()
@@ -273,7 +275,7 @@ pub fn check_watches(logs: &[WatchLog], committed: &CommittedHistory) -> Vec<Wat
             log,
             expected: &expected,
             by_id: &by_id,
-            compactions: &compactions,
+            compactions: &committed.compactions,
             floor: committed.from_revision,
             delivered_before: HashSet::new(),
             out: &mut violations,
@@ -338,7 +340,8 @@ struct LogChecker<'a, 'o> {
     /// Committed events in the log's range, in (revision, key) order.
     expected: &'a [&'a CommittedEvent],
     by_id: &'a HashMap<(i64, &'a [u8]), &'a CommittedEvent>,
-    compactions: &'a HashSet<i64>,
+    /// Every compaction the harness asked for.
+    compactions: &'a [Compaction],
     /// Committed events are known from this revision on.
     floor: i64,
     /// Events delivered by earlier segments.
@@ -523,9 +526,22 @@ impl<'a> LogChecker<'a, '_> {
                     }
                     covered = covered.max(revision);
                 }
-                WatchItem::Compacted { compact_revision } => {
-                    let reason = if !self.compactions.contains(compact_revision) {
+                WatchItem::Compacted {
+                    compact_revision,
+                    received,
+                } => {
+                    let named = |compaction: &&Compaction| {
+                        compaction.revision == *compact_revision && compaction.may_have_applied()
+                    };
+                    let reason = if !self.compactions.iter().any(|c| named(&c)) {
                         Some("not a revision the harness compacted")
+                    } else if !self
+                        .compactions
+                        .iter()
+                        .filter(named)
+                        .any(|compaction| compaction.invoke <= *received)
+                    {
+                        Some("it arrived before that compaction was asked for")
                     } else if start >= *compact_revision {
                         Some("the watch started at or above it")
                     } else {
@@ -593,6 +609,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
+    use crate::check::history::CompactOutcome;
 
     fn committed_put(revision: i64, key: &str, value: &str) -> CommittedEvent {
         CommittedEvent {
@@ -613,7 +630,7 @@ mod tests {
     }
 
     /// Revisions 2..=9: "a" and "b" alternate, with a delete of "a" at 6 and a write of "z"
-    /// (outside the watched range) at 8; compacted at 4.
+    /// (outside the watched range) at 8; compacted at 4, asked for at 100, acknowledged at 110.
     fn committed() -> CommittedHistory {
         let mut events = vec![
             committed_put(2, "a", "1"),
@@ -634,7 +651,14 @@ mod tests {
         CommittedHistory {
             from_revision: 1,
             events,
-            compactions: vec![4],
+            compactions: vec![Compaction {
+                id: 1,
+                revision: 4,
+                invoke: 100,
+                complete: Some(110),
+                outcome: CompactOutcome::Ok,
+            }],
+            past_reads: Vec::new(),
         }
     }
 
@@ -772,15 +796,41 @@ mod tests {
         ));
     }
 
+    /// A compacted error at `compact_revision` that arrived at `received`.
+    fn compacted(compact_revision: i64, received: u64) -> WatchItem {
+        WatchItem::Compacted {
+            compact_revision,
+            received,
+        }
+    }
+
+    /// After the compaction at 4 was asked for (at 100).
+    const LATER: u64 = 200;
+
     #[test]
     fn rejects_a_wrong_compacted_error() {
         let history = committed();
         // A revision nobody compacted.
-        let items = vec![WatchItem::Compacted {
-            compact_revision: 3,
-        }];
         assert!(matches!(
-            check(items).as_slice(),
+            check(vec![compacted(3, LATER)]).as_slice(),
+            [WatchViolation::WrongCompacted {
+                reason: "not a revision the harness compacted",
+                ..
+            }]
+        ));
+        // The right revision, but before anyone asked for it.
+        assert!(matches!(
+            check(vec![compacted(4, 50)]).as_slice(),
+            [WatchViolation::WrongCompacted {
+                reason: "it arrived before that compaction was asked for",
+                ..
+            }]
+        ));
+        // A compaction that failed compacted nothing.
+        let mut failed = committed();
+        failed.compactions[0].outcome = CompactOutcome::Failed;
+        assert!(matches!(
+            check_watches(&[log(1, vec![compacted(4, LATER)])], &failed).as_slice(),
             [WatchViolation::WrongCompacted {
                 reason: "not a revision the harness compacted",
                 ..
@@ -788,9 +838,7 @@ mod tests {
         ));
         // A watch from 5 needs nothing compacted at 4.
         let mut items = events(&history, 5..=6);
-        items.push(WatchItem::Compacted {
-            compact_revision: 4,
-        });
+        items.push(compacted(4, LATER));
         assert!(matches!(
             check_watches(&[log(5, items)], &history).as_slice(),
             [WatchViolation::WrongCompacted {
@@ -798,12 +846,10 @@ mod tests {
                 ..
             }]
         ));
-        // Nor does a resume from 4.
+        // Nor does a resume from 4: a read at the compact revision itself still succeeds.
         let mut items = events(&history, 1..=3);
         items.push(WatchItem::Resumed { from_revision: 4 });
-        items.push(WatchItem::Compacted {
-            compact_revision: 4,
-        });
+        items.push(compacted(4, LATER));
         assert!(matches!(
             check(items).as_slice(),
             [WatchViolation::WrongCompacted {
@@ -811,29 +857,63 @@ mod tests {
                 ..
             }]
         ));
-        // A watcher compacted after receiving everything below the compaction is tolerated
-        // (etcd 3.4 may do that after a snapshot restore, see the module doc).
-        let mut items = events(&history, 1..=4);
-        items.push(WatchItem::Compacted {
-            compact_revision: 4,
-        });
-        assert_eq!(check(items), vec![]);
-        // A right one: started at 2, compacted at 4, resumed at 4; events below 4 may be lost.
-        let mut items = vec![WatchItem::Compacted {
-            compact_revision: 4,
-        }];
-        items.push(WatchItem::Resumed { from_revision: 4 });
-        items.extend(events(&history, 4..=9));
-        assert_eq!(check(items), vec![]);
-        // But nothing may follow it before a resume.
-        let mut items = vec![WatchItem::Compacted {
-            compact_revision: 4,
-        }];
+        // Nothing may follow it before a resume.
+        let mut items = vec![compacted(4, LATER)];
         items.extend(events(&history, 4..=4));
         assert!(matches!(
             check(items).as_slice(),
             [WatchViolation::AfterCompacted { item: 1, .. }]
         ));
+        // The resume after it may skip what is below 4, but not 4 itself.
+        let mut items = vec![compacted(4, LATER)];
+        items.push(WatchItem::Resumed { from_revision: 5 });
+        items.extend(events(&history, 5..=9));
+        assert_eq!(
+            check(items),
+            vec![WatchViolation::Gap {
+                watcher: 1,
+                missing: Events {
+                    listed: vec![at(4, "a")],
+                    count: 1,
+                },
+                resumed_from: Some(5),
+            }]
+        );
+    }
+
+    #[test]
+    fn accepts_a_right_compacted_error() {
+        let history = committed();
+        // Started at 1, compacted at 4, resumed at 4: events below 4 may be lost.
+        let mut items = vec![compacted(4, LATER)];
+        items.push(WatchItem::Resumed { from_revision: 4 });
+        items.extend(events(&history, 4..=9));
+        assert_eq!(check(items.clone()), vec![]);
+        // Also while the compaction is in flight, and when its answer was lost.
+        let mut in_flight = committed();
+        in_flight.compactions[0].complete = None;
+        in_flight.compactions[0].outcome = CompactOutcome::Unknown;
+        let mut early = items.clone();
+        early[0] = compacted(4, 100);
+        assert_eq!(check_watches(&[log(1, early)], &in_flight), vec![]);
+        // A watcher cut off after receiving everything below the compaction is tolerated
+        // (etcd 3.4 may do that after a snapshot restore, see the module doc).
+        let mut items = events(&history, 1..=4);
+        items.push(compacted(4, LATER));
+        assert_eq!(check(items), vec![]);
+        // With two compactions, etcd names the latest: a watcher from 3 cut off at 6 resumes
+        // at 6 and may lose 3..=5.
+        let mut two = committed();
+        two.compactions.push(Compaction {
+            id: 2,
+            revision: 6,
+            invoke: 150,
+            complete: Some(160),
+            outcome: CompactOutcome::Ok,
+        });
+        let mut items = vec![compacted(6, LATER), WatchItem::Resumed { from_revision: 6 }];
+        items.extend(events(&two, 6..=9));
+        assert_eq!(check_watches(&[log(3, items)], &two), vec![]);
     }
 
     #[test]
@@ -928,6 +1008,98 @@ mod tests {
         ));
     }
 
+    /// Random histories compacted every 40 revisions (compaction k asked for at time k),
+    /// watched from random revisions by watchers that a compaction now and then cuts off and
+    /// that resume from the compact revision: all accepted. The same streams resumed one
+    /// revision too high, where that skips an event of the range, are rejected.
+    #[test]
+    fn accepts_random_streams_cut_off_by_compaction() {
+        const EVERY: i64 = 40;
+        for seed in 0..30 {
+            let (_, events, _) = crate::check::linearizable::sim::history(seed, 3, 300, 6);
+            let last = events.last().map_or(1, |event| event.revision);
+            let compactions: Vec<Compaction> = (1..=last / EVERY)
+                .map(|k| Compaction {
+                    id: k as u64,
+                    revision: k * EVERY,
+                    invoke: k as u64 * 1_000,
+                    complete: Some(k as u64 * 1_000 + 10),
+                    outcome: CompactOutcome::Ok,
+                })
+                .collect();
+            let committed = CommittedHistory {
+                from_revision: 1,
+                events,
+                compactions,
+                past_reads: Vec::new(),
+            };
+            let mut rng = StdRng::seed_from_u64(seed);
+            for skip in [false, true] {
+                let start_revision = rng.random_range(1..last.max(2));
+                let mut items = Vec::new();
+                let mut skipped_an_event = false;
+                let mut next = start_revision;
+                let mut events = committed.events.iter().peekable();
+                while let Some(event) = events.next() {
+                    if event.revision < next {
+                        continue;
+                    }
+                    items.push(event_of(event));
+                    next = event.revision + 1;
+                    // The latest compaction above what the watcher still needs cuts it off.
+                    let Some(cut) = committed
+                        .compactions
+                        .iter()
+                        .rev()
+                        .find(|compaction| compaction.revision > next)
+                    else {
+                        continue;
+                    };
+                    if !rng.random_bool(0.05) {
+                        continue;
+                    }
+                    items.push(WatchItem::Compacted {
+                        compact_revision: cut.revision,
+                        received: cut.invoke + 5,
+                    });
+                    let lands_on_event = events.peek().is_some()
+                        && committed
+                            .events
+                            .iter()
+                            .any(|event| event.revision == cut.revision);
+                    let from = if skip && lands_on_event {
+                        skipped_an_event = true;
+                        cut.revision + 1
+                    } else {
+                        cut.revision
+                    };
+                    items.push(WatchItem::Resumed {
+                        from_revision: from,
+                    });
+                    next = from;
+                }
+                let log = WatchLog {
+                    watcher: 1,
+                    range: (Vec::new(), vec![0]),
+                    start_revision,
+                    items,
+                };
+                let violations = check_watches(&[log], &committed);
+                if skipped_an_event {
+                    assert!(
+                        violations
+                            .iter()
+                            .all(|v| matches!(v, WatchViolation::Gap { .. })),
+                        "seed {seed}: {violations:?}"
+                    );
+                    assert!(!violations.is_empty(), "seed {seed}: a skip went unnoticed");
+                } else {
+                    assert_eq!(violations, vec![], "seed {seed}, skip {skip}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn accepts_random_faithful_streams() {
         for seed in 0..50 {
@@ -936,7 +1108,7 @@ mod tests {
             let committed = CommittedHistory {
                 from_revision: 1,
                 events,
-                compactions: Vec::new(),
+                ..CommittedHistory::default()
             };
             let mut rng = StdRng::seed_from_u64(seed);
             let logs: Vec<WatchLog> = (0..4)

@@ -11,7 +11,9 @@
 //!
 //! A watcher watches the whole key prefix with progress notifications and no `prev_kv`, and on
 //! any stream failure (and now and then on purpose) resumes on another member from the
-//! revision after the last it saw, recording `WatchItem::Resumed`.
+//! revision after the last it saw, recording `WatchItem::Resumed`. Cut off by a compaction
+//! (the compactor's, see `compactor`), it records `WatchItem::Compacted` with the time it
+//! arrived and resumes from the compact revision on the same member, as an informer relists.
 //!
 //! Invariant: keys rotate to a fresh generation every `KeySpace::generation_period`, so every
 //! key starts absent and sees a bounded number of ops, which keeps the linearizability search
@@ -492,6 +494,8 @@ pub struct WatcherSpec {
     /// The highest revision the watcher knows it has seen everything up to (its last event or
     /// progress notification), for `wait_watchers`.
     pub seen: Arc<AtomicI64>,
+    /// Stamps compacted errors, which the checker compares with the compactions' times.
+    pub clock: Clock,
 }
 
 /// Where a watcher starts, by its id: the first watches from revision 1 (everything), the
@@ -594,6 +598,7 @@ async fn watch_loop(
             log,
             &mut next,
             &spec.seen,
+            spec.clock,
             &mut stop,
             Instant::now() + resume_after,
         )
@@ -619,6 +624,7 @@ async fn watch_stream(
     log: &mut WatchLog,
     next: &mut i64,
     seen: &AtomicI64,
+    clock: Clock,
     stop: &mut watch::Receiver<bool>,
     resume_at: Instant,
 ) -> StreamEnd {
@@ -667,6 +673,7 @@ async fn watch_stream(
             if response.compact_revision > 0 {
                 log.items.push(WatchItem::Compacted {
                     compact_revision: response.compact_revision,
+                    received: clock.now_ns(),
                 });
                 return StreamEnd::Compacted(response.compact_revision);
             }

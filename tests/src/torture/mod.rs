@@ -11,9 +11,14 @@
 //! - `client`: the workload clients recording [`Op`]s and the watchers recording
 //!   [`WatchLog`]s, on one monotonic clock.
 //! - `nemesis`: the fault schedule, recording each fault's window.
-//! - `collect`: the final state and the committed history, read with faults healed.
-//! - `report`, `plot`: the report folder (`history.txt`, `watches.txt`, `faults.txt`,
-//!   `verdict.txt`, `plot.svg`).
+//! - `compactor`: compacts the store every few seconds and reads at past revisions,
+//!   recording [`Compaction`]s and [`PastRead`]s, under the nemesis like any client.
+//! - `reader`: the history readers, which record the committed history while the run goes
+//!   (the compactor never compacts what the following reader has not read) and each
+//!   member's own history for the replicas check.
+//! - `collect`: the final state, read with faults healed.
+//! - `report`, `plot`: the report folder (`history.txt`, `watches.txt`, `compactions.txt`,
+//!   `faults.txt`, `verdict.txt`, `plot.svg`).
 //!
 //! Start at [`run`]. Every resource a run creates (processes, namespaces, nft tables, proxies,
 //! data dirs) is owned by a value whose `Drop` removes it, so a run that fails or panics still
@@ -27,11 +32,13 @@
 pub mod client;
 pub mod cluster;
 pub mod collect;
+pub mod compactor;
 pub mod lock;
 pub mod nemesis;
 pub mod net;
 pub mod plot;
 pub mod proxy;
+pub mod reader;
 pub mod report;
 
 use std::collections::HashMap;
@@ -46,11 +53,15 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use crate::check::{self, CommittedHistory, FinalState, Op, Report, WatchLog};
+use crate::check::{
+    self, CommittedHistory, Compaction, FinalState, Op, PastRead, Report, WatchItem, WatchLog,
+};
 use client::{ClientSpec, KeySpace, WatcherSpec};
 use cluster::Cluster;
+use compactor::{CompactorRecord, CompactorSpec};
 use nemesis::{FaultKind, FaultWindow, Nemesis};
 use net::{Network, NetworkMode};
+use reader::{ReadHistory, ReaderMode, ReaderSpec};
 
 /// Members of the tortured cluster: the smallest that survives losing one, and what the
 /// appliance ships.
@@ -118,6 +129,10 @@ pub struct Config {
     /// `--snapshot-count` for every member: low enough that a run compacts the Raft log and
     /// a re-added member may need a snapshot.
     pub snapshot_count: u64,
+    /// How often the compactor compacts the store (jittered ±50 %); zero turns it off.
+    /// Shorter cuts off more watchers and history readers, longer exercises the compacted
+    /// paths less.
+    pub compact_interval: Duration,
     pub keys: KeySpace,
 }
 
@@ -139,6 +154,7 @@ impl Config {
             fault_duration: Duration::from_secs(6),
             check_budget: Duration::from_secs(60),
             snapshot_count: 5_000,
+            compact_interval: compactor::COMPACT_INTERVAL_DEFAULT,
             keys: KeySpace::default(),
         }
     }
@@ -203,6 +219,51 @@ pub struct Recorded {
     pub watch_segments: Vec<Vec<(usize, usize)>>,
     /// The members' names, by index.
     pub member_names: Vec<String>,
+    /// Every compaction the compactor asked for, and the member (index) it went to.
+    pub compactions: Vec<Compaction>,
+    pub compaction_members: Vec<usize>,
+    /// Every read at a past revision, and the member it went to.
+    pub past_reads: Vec<PastRead>,
+    pub past_read_members: Vec<usize>,
+    /// What each history reader went through, the following one first.
+    pub readers: Vec<ReaderFigures>,
+}
+
+impl Recorded {
+    /// How many times a watcher's stream was cut off by a compaction.
+    pub fn watchers_compacted(&self) -> usize {
+        self.watches
+            .iter()
+            .flat_map(|log| &log.items)
+            .filter(|item| matches!(item, WatchItem::Compacted { .. }))
+            .count()
+    }
+}
+
+/// One history reader's figures for the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaderFigures {
+    /// `cluster` for the following reader, else the member's name.
+    pub name: String,
+    pub resumes: usize,
+    /// Times it was cut off by a compaction, and the revisions that cost it.
+    pub holes: usize,
+    pub revisions_lost: i64,
+}
+
+impl ReaderFigures {
+    fn of(name: String, history: &ReadHistory) -> ReaderFigures {
+        ReaderFigures {
+            name,
+            resumes: history.resumes,
+            holes: history.holes.len(),
+            revisions_lost: history
+                .holes
+                .iter()
+                .map(|(low, high)| high.saturating_sub(*low).saturating_add(1))
+                .sum(),
+        }
+    }
 }
 
 /// What the end of a run read with faults healed.
@@ -210,11 +271,13 @@ pub struct Recorded {
 pub struct Observed {
     pub final_state: FinalState,
     pub final_revision: i64,
-    /// The committed history as read on the first member that answered.
+    /// The committed history as the following history reader read it during the run, with
+    /// the compactions and past reads the compactor made.
     pub committed: CommittedHistory,
-    /// Whether every member holds the same committed history: `Err` names the first
-    /// difference.
-    pub replicas: Result<(), String>,
+    /// Whether every member holds the same committed history wherever its own reader read
+    /// it: `Err` names the first difference; `Ok` how many revisions each member was
+    /// compared on.
+    pub replicas: Result<Vec<(String, i64)>, String>,
 }
 
 /// A finished run: what was recorded and read, and the verdict.
@@ -248,10 +311,10 @@ impl RunSummary {
     }
 }
 
-/// Runs one torture: start the cluster, drive it with clients and watchers under the nemesis
-/// for `config.duration`, heal, read the final state and committed history, check, and write
-/// the report folder. Returns `Err` only when the run could not be set up; a run that went
-/// wrong later still writes its report and says so in the summary.
+/// Runs one torture: start the cluster and the history readers, drive it with clients,
+/// watchers and the compactor under the nemesis for `config.duration`, heal, read the final
+/// state, check, and write the report folder. Returns `Err` only when the run could not be
+/// set up; a run that went wrong later still writes its report and says so in the summary.
 pub async fn run(config: &Config) -> Result<RunSummary> {
     config.validate()?;
     std::fs::create_dir_all(&config.out_dir)
@@ -264,6 +327,24 @@ pub async fn run(config: &Config) -> Result<RunSummary> {
     let mut cluster = Cluster::start(config, &network, run_lock.work_dir(), clock).await?;
 
     let endpoints = cluster.client_urls();
+    // The readers start before any client, so they read from revision 1 before anything can
+    // be compacted. Each returns its mode with its history.
+    let (stop_readers, readers_stopped) = watch::channel(false);
+    let mut readers = JoinSet::new();
+    let mut reader_progress = Vec::new();
+    let modes = std::iter::once(ReaderMode::Follow).chain((0..MEMBERS).map(ReaderMode::Pinned));
+    for reader_mode in modes {
+        let confirmed = Arc::new(AtomicI64::new(0));
+        reader_progress.push(confirmed.clone());
+        let spec = ReaderSpec {
+            mode: reader_mode,
+            endpoints: endpoints.clone(),
+            keys: config.keys.clone(),
+            confirmed,
+        };
+        let stopped = readers_stopped.clone();
+        readers.spawn(async move { (reader_mode, reader::run_reader(spec, stopped).await) });
+    }
     let ids = Arc::new(AtomicU64::new(1));
     let (stop_clients, clients_stopped) = watch::channel(false);
     let (stop_watchers, watchers_stopped) = watch::channel(false);
@@ -280,6 +361,21 @@ pub async fn run(config: &Config) -> Result<RunSummary> {
         };
         clients.spawn(client::run_client(spec, clients_stopped.clone()));
     }
+    let mut compactor = JoinSet::new();
+    let compactor_spec = CompactorSpec {
+        endpoints: endpoints.clone(),
+        clock,
+        op_timeout: config.op_timeout,
+        interval: config.compact_interval,
+        // Its own stream, apart from the clients' (seed + id) and watchers' (seed + 1000 + id).
+        seed: config.seed.wrapping_add(2_000),
+        keys: config.keys.clone(),
+        confirmed: reader_progress[0].clone(),
+    };
+    compactor.spawn(compactor::run_compactor(
+        compactor_spec,
+        clients_stopped.clone(),
+    ));
     let mut watchers = JoinSet::new();
     let mut watcher_progress = Vec::new();
     for watcher in 0..config.watchers {
@@ -293,6 +389,7 @@ pub async fn run(config: &Config) -> Result<RunSummary> {
             // Staggered over the first third of the run so they start at different revisions.
             start_delay: config.duration / 3 * watcher as u32 / config.watchers.max(1) as u32,
             seen,
+            clock,
         };
         watchers.spawn(client::run_watcher(spec, watchers_stopped.clone()));
     }
@@ -318,14 +415,19 @@ pub async fn run(config: &Config) -> Result<RunSummary> {
         history.extend(record.ops);
     }
     history.sort_by_key(|op| op.invoke);
+    let compacted = match compactor.join_next().await {
+        Some(record) => record.context("join compactor task")?,
+        None => CompactorRecord::default(),
+    };
     let end_ns = clock.now_ns();
     info!(
         ops = history.len(),
         faults = faults.len(),
+        compactions = compacted.compactions.len(),
         "clients stopped"
     );
 
-    let observed = match heal_error {
+    let final_read = match heal_error {
         Some(e) => Err(format!("could not heal the cluster: {e:#}")),
         None => {
             observe(
@@ -334,11 +436,13 @@ pub async fn run(config: &Config) -> Result<RunSummary> {
                 &config.keys,
                 &watcher_progress,
                 &stop_watchers,
+                &reader_progress,
             )
             .await
         }
     };
     let _ = stop_watchers.send(true);
+    let _ = stop_readers.send(true);
     crashes.extend(cluster.take_crashes());
     let mut records = Vec::new();
     while let Some(record) = watchers.join_next().await {
@@ -349,10 +453,33 @@ pub async fn run(config: &Config) -> Result<RunSummary> {
         .into_iter()
         .map(|record| (record.log, record.segments))
         .unzip();
-    let member_names = (0..MEMBERS).map(|i| cluster.name(i).to_owned()).collect();
+    let member_names: Vec<String> = (0..MEMBERS).map(|i| cluster.name(i).to_owned()).collect();
+    let mut follow = ReadHistory::default();
+    let mut pinned = Vec::new();
+    while let Some(reader) = readers.join_next().await {
+        match reader.context("join history reader task")? {
+            (ReaderMode::Follow, history) => follow = history,
+            (ReaderMode::Pinned(index), history) => pinned.push((index, history)),
+        }
+    }
+    pinned.sort_by_key(|(index, _)| *index);
+    let pinned: Vec<(String, ReadHistory)> = pinned
+        .into_iter()
+        .map(|(index, history)| (member_names[index].clone(), history))
+        .collect();
     cluster.stop().await;
     drop(network);
 
+    let readers = std::iter::once(ReaderFigures::of("cluster".into(), &follow))
+        .chain(
+            pinned
+                .iter()
+                .map(|(name, history)| ReaderFigures::of(name.clone(), history)),
+        )
+        .collect();
+    let observed = final_read.and_then(|(final_state, final_revision)| {
+        assemble(final_state, final_revision, follow, &pinned, &compacted)
+    });
     let recorded = Recorded {
         history,
         watches,
@@ -361,6 +488,11 @@ pub async fn run(config: &Config) -> Result<RunSummary> {
         op_members,
         watch_segments,
         member_names,
+        compactions: compacted.compactions,
+        compaction_members: compacted.compaction_members,
+        past_reads: compacted.past_reads,
+        past_read_members: compacted.past_read_members,
+        readers,
     };
     let (report, check_time) = match &observed {
         Ok(observed) => {
@@ -402,15 +534,17 @@ async fn check_recorded(
     .context("run the checkers")
 }
 
-/// With faults healed and clients stopped: waits for a healthy cluster, lets the watchers
-/// catch up and stops them, then reads the final state and every member's committed history.
+/// With faults healed and clients stopped: waits for a healthy cluster, lets the watchers and
+/// the history readers catch up and stops the watchers, then reads the final state and waits
+/// for the readers to reach its revision.
 async fn observe(
     cluster: &mut Cluster,
     endpoints: &[String],
     keys: &KeySpace,
     watcher_progress: &[Arc<AtomicI64>],
     stop_watchers: &watch::Sender<bool>,
-) -> Result<Observed, String> {
+    reader_progress: &[Arc<AtomicI64>],
+) -> Result<(FinalState, i64), String> {
     cluster
         .wait_healthy(RECOVERY_TIMEOUT)
         .await
@@ -418,28 +552,67 @@ async fn observe(
     let (_, revision) = collect::final_state(endpoints, keys)
         .await
         .map_err(|e| format!("read the revision: {e:#}"))?;
-    client::wait_watchers(watcher_progress, revision, WATCH_CATCH_UP_TIMEOUT).await;
+    let everyone: Vec<Arc<AtomicI64>> = watcher_progress
+        .iter()
+        .chain(reader_progress)
+        .cloned()
+        .collect();
+    client::wait_watchers(&everyone, revision, WATCH_CATCH_UP_TIMEOUT).await;
     let _ = stop_watchers.send(true);
     let (final_state, final_revision) = collect::final_state(endpoints, keys)
         .await
         .map_err(|e| format!("read the final state: {e:#}"))?;
-    let mut histories = Vec::new();
-    for endpoint in endpoints {
-        let committed = collect::committed_history(endpoint, keys, final_revision)
-            .await
-            .map_err(|e| format!("read the committed history on {endpoint}: {e:#}"))?;
-        histories.push((endpoint.clone(), committed));
+    client::wait_watchers(reader_progress, final_revision, WATCH_CATCH_UP_TIMEOUT).await;
+    Ok((final_state, final_revision))
+}
+
+/// The committed history up to `final_revision` from the following reader, with the
+/// compactor's record, and the members' histories compared with it. `Err` when the following
+/// reader's history cannot be trusted whole: it saw an anomaly or did not get that far.
+fn assemble(
+    final_state: FinalState,
+    final_revision: i64,
+    follow: ReadHistory,
+    pinned: &[(String, ReadHistory)],
+    compacted: &CompactorRecord,
+) -> Result<Observed, String> {
+    if follow.anomaly_count > 0 {
+        return Err(format!(
+            "the history reader saw what a store must never do ({} times): {}",
+            follow.anomaly_count,
+            follow.anomalies.join("; ")
+        ));
     }
-    let replicas = collect::compare_replicas(&histories);
-    let committed = histories
-        .into_iter()
-        .next()
-        .map(|(_, committed)| committed)
-        .ok_or("no member to read the committed history from")?;
+    if follow.confirmed < final_revision {
+        return Err(format!(
+            "the history reader reached only revision {} of the final {final_revision}",
+            follow.confirmed
+        ));
+    }
+    let anomalies: Vec<String> = pinned
+        .iter()
+        .filter(|(_, history)| history.anomaly_count > 0)
+        .map(|(name, history)| format!("{name}: {}", history.anomalies.join("; ")))
+        .collect();
+    let replicas = if anomalies.is_empty() {
+        reader::compare_replicas(&follow, pinned, final_revision)
+    } else {
+        Err(format!(
+            "a member's history reader saw what a store must never do: {}",
+            anomalies.join(" | ")
+        ))
+    };
+    let mut events = follow.events;
+    events.retain(|event| event.revision <= final_revision);
     Ok(Observed {
         final_state,
         final_revision,
-        committed,
+        committed: CommittedHistory {
+            from_revision: 1,
+            events,
+            compactions: compacted.compactions.clone(),
+            past_reads: compacted.past_reads.clone(),
+        },
         replicas,
     })
 }

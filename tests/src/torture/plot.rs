@@ -1,13 +1,14 @@
 //! `plot.svg`: throughput and latency over time with the fault windows shaded, drawn the way
 //! Jepsen's `perf` graphs are (rate of ok / failed / unknown ops per second on top; a scatter
-//! of op latencies with per-second p50 and p99 lines below, on a log scale). Hand-written SVG:
+//! of op latencies with per-second p50 and p99 lines below, on a log scale), with each
+//! compaction the compactor asked for marked by a dotted line across the rate panel. Hand-written SVG:
 //! the picture is simple and a plotting dependency would outweigh it.
 
 use std::fmt::Write;
 
 use super::Recorded;
 use super::nemesis::{FaultKind, FaultWindow};
-use crate::check::{Op, Outcome};
+use crate::check::{CompactOutcome, Compaction, Op, Outcome};
 
 /// The picture's size in SVG units (pixels at 100 %): wide enough for a minute at 15 px per
 /// second, tall enough for two readable panels.
@@ -30,6 +31,9 @@ const SCATTER_POINTS_MAX: usize = 6_000;
 const OK_COLOR: &str = "#2a9d3a";
 const FAILED_COLOR: &str = "#e08a00";
 const UNKNOWN_COLOR: &str = "#d62728";
+const COMPACTION_COLOR: &str = "#555555";
+/// Dotted, so a compaction line is not taken for a latency line.
+const COMPACTION_DASH: &str = r#" stroke-dasharray="2 3""#;
 
 fn fault_color(kind: FaultKind) -> &'static str {
     match kind {
@@ -113,6 +117,7 @@ pub fn render(recorded: &Recorded, title: &str) -> String {
         escape(title)
     );
     draw_faults(&mut svg, &recorded.faults, end_ns, &x);
+    draw_compactions(&mut svg, &recorded.compactions, &x);
 
     // Throughput panel.
     let rate_max = buckets
@@ -253,6 +258,24 @@ fn draw_faults(svg: &mut String, faults: &[FaultWindow], end_ns: u64, x: &dyn Fn
     }
 }
 
+/// A dotted line at each compaction's invocation, its revision and outcome in a tooltip.
+fn draw_compactions(svg: &mut String, compactions: &[Compaction], x: &dyn Fn(u64) -> f64) {
+    for compaction in compactions {
+        let px = x(compaction.invoke);
+        let outcome = match compaction.outcome {
+            CompactOutcome::Ok => "ok",
+            CompactOutcome::AlreadyCompacted => "already compacted",
+            CompactOutcome::Failed => "failed",
+            CompactOutcome::Unknown => "unknown",
+        };
+        let _ = writeln!(
+            svg,
+            r#"<line x1="{px:.1}" y1="{RATE_TOP}" x2="{px:.1}" y2="{RATE_BOTTOM}" stroke="{COMPACTION_COLOR}"{COMPACTION_DASH}><title>compact {} =&gt; {outcome}</title></line>"#,
+            compaction.revision
+        );
+    }
+}
+
 fn draw_frame(svg: &mut String, top: f64, bottom: f64, label: &str) {
     let right = WIDTH - MARGIN_RIGHT;
     let _ = writeln!(
@@ -292,6 +315,10 @@ fn draw_legend(svg: &mut String) {
     ] {
         entries.push((format!(r#"stroke="black"{dash}"#), text));
     }
+    entries.push((
+        format!(r#"stroke="{COMPACTION_COLOR}"{COMPACTION_DASH}"#),
+        "compaction",
+    ));
     for (index, (style, text)) in entries.iter().enumerate() {
         let y = RATE_TOP + 6.0 + 17.0 * index as f64;
         let _ = writeln!(
@@ -405,8 +432,17 @@ mod tests {
             op_members: Default::default(),
             watch_segments: Vec::new(),
             member_names: Vec::new(),
+            compactions: vec![Compaction {
+                id: 1,
+                revision: 2,
+                invoke: 1_000_000_000,
+                complete: None,
+                outcome: CompactOutcome::Unknown,
+            }],
+            ..Recorded::default()
         };
         let svg = render(&recorded, "a & b");
+        assert!(svg.contains("compact 2 =&gt; unknown"));
         assert!(svg.starts_with("<svg"));
         assert!(svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("a &amp; b"));

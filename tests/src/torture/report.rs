@@ -1,6 +1,7 @@
 //! The report folder of a run: `history.txt` (one op per line), `watches.txt` (every watch
-//! log), `faults.txt` (the fault windows), `verdict.txt` (the checkers' `Report` and the run's
-//! figures) and `plot.svg`. Plain text, so two runs compare with `diff` and a violation's op
+//! log), `compactions.txt` (every compaction and read at a past revision), `faults.txt` (the
+//! fault windows), `verdict.txt` (the checkers' `Report` and the run's figures) and
+//! `plot.svg`. Plain text, so two runs compare with `diff` and a violation's op
 //! ids can be found with `grep`.
 
 use std::collections::BTreeMap;
@@ -12,7 +13,10 @@ use anyhow::{Context, Result};
 use super::nemesis::FaultKind;
 use super::{Recorded, RunSummary, plot};
 use crate::check::history::show;
-use crate::check::{Answer, Call, EventKind, Expect, Op, Outcome, WatchItem};
+use crate::check::{
+    Answer, Call, CompactOutcome, Compaction, EventKind, Expect, Op, Outcome, PastRead,
+    PastReadOutcome, WatchItem,
+};
 
 /// Writes every file of the report into `summary.config.out_dir`.
 pub fn write(summary: &RunSummary) -> Result<()> {
@@ -20,6 +24,7 @@ pub fn write(summary: &RunSummary) -> Result<()> {
     let recorded = &summary.recorded;
     write_file(dir, "history.txt", &history_text(recorded))?;
     write_file(dir, "watches.txt", &watches_text(recorded))?;
+    write_file(dir, "compactions.txt", &compactions_text(recorded))?;
     write_file(dir, "faults.txt", &faults_text(summary))?;
     write_file(dir, "verdict.txt", &verdict_text(summary))?;
     let title = format!(
@@ -176,13 +181,71 @@ fn watches_text(recorded: &Recorded) -> String {
                     ..
                 } => format!("delete {} @{revision}", show(key)),
                 WatchItem::Progress { revision } => format!("progress @{revision}"),
-                WatchItem::Compacted { compact_revision } => {
-                    format!("compacted @{compact_revision}")
-                }
+                WatchItem::Compacted {
+                    compact_revision,
+                    received,
+                } => format!("compacted @{compact_revision} (at {} ms)", ms(*received)),
                 WatchItem::Resumed { from_revision } => format!("resumed from {from_revision}"),
             };
             let _ = writeln!(text, "  {line}");
         }
+    }
+    text
+}
+
+/// One compaction: `id member invoke_ms complete_ms compact REVISION => outcome`.
+pub fn format_compaction(compaction: &Compaction, member: &str) -> String {
+    let complete = compaction.complete.map_or_else(|| "-".to_owned(), ms);
+    let outcome = match compaction.outcome {
+        CompactOutcome::Ok => "ok",
+        CompactOutcome::AlreadyCompacted => "already compacted",
+        CompactOutcome::Failed => "failed",
+        CompactOutcome::Unknown => "unknown",
+    };
+    format!(
+        "{:>5} {member:<3} {:>11} {:>11} compact {} => {outcome}",
+        compaction.id,
+        ms(compaction.invoke),
+        complete,
+        compaction.revision
+    )
+}
+
+/// One past read: `id member invoke_ms complete_ms read RANGE at REVISION => outcome`.
+pub fn format_past_read(read: &PastRead, member: &str) -> String {
+    let outcome = match &read.outcome {
+        PastReadOutcome::Ok {
+            header_revision,
+            kvs,
+        } => format!("ok rev={header_revision} {} keys", kvs.len()),
+        PastReadOutcome::Compacted => "compacted".to_owned(),
+        PastReadOutcome::Failed => "failed".to_owned(),
+    };
+    format!(
+        "{:>5} {member:<3} {:>11} {:>11} read [{}, {}) at {} => {outcome}",
+        read.id,
+        ms(read.invoke),
+        ms(read.complete),
+        show(&read.range.0),
+        show(&read.range.1),
+        read.revision
+    )
+}
+
+fn compactions_text(recorded: &Recorded) -> String {
+    let mut text = String::from(
+        "# compactions: id member invoke_ms complete_ms request => outcome (physical=false)\n",
+    );
+    for (index, compaction) in recorded.compactions.iter().enumerate() {
+        let member = member_name(recorded, recorded.compaction_members.get(index).copied());
+        let _ = writeln!(text, "{}", format_compaction(compaction, member));
+    }
+    text.push_str(
+        "# reads at past revisions: id member invoke_ms complete_ms request => outcome\n",
+    );
+    for (index, read) in recorded.past_reads.iter().enumerate() {
+        let member = member_name(recorded, recorded.past_read_members.get(index).copied());
+        let _ = writeln!(text, "{}", format_past_read(read, member));
     }
     text
 }
@@ -250,10 +313,17 @@ pub fn verdict_text(summary: &RunSummary) -> String {
     }
     if let Ok(observed) = &summary.observed {
         match &observed.replicas {
-            Ok(()) => {
+            Ok(compared) => {
+                let compared: Vec<String> = compared
+                    .iter()
+                    .map(|(name, revisions)| format!("{name} on {revisions}"))
+                    .collect();
                 let _ = writeln!(
                     text,
-                    "replicas: ok (every member's committed history agrees)"
+                    "replicas: ok (every member's committed history agrees; revisions compared: \
+                     {} of {})",
+                    compared.join(", "),
+                    observed.final_revision
                 );
             }
             Err(difference) => {
@@ -284,7 +354,8 @@ pub fn verdict_text(summary: &RunSummary) -> String {
         text,
         "target: {} ({})\nnetwork: {}\nnemesis: {}\nseed: {}\nduration: {:.1}s under faults, \
          {:.1}s in all\nclients: {}, watchers: {}, op timeout: {:?}\nkeys: {} per generation, \
-         a new generation every {:?}\nsnapshot count: {}",
+         a new generation every {:?}\nsnapshot count: {}\ncompact interval: {:?} (keeping {} \
+         revisions)",
         config.target,
         config.bin.display(),
         summary.network,
@@ -297,7 +368,9 @@ pub fn verdict_text(summary: &RunSummary) -> String {
         config.op_timeout,
         config.keys.keys_per_generation,
         config.keys.generation_period,
-        config.snapshot_count
+        config.snapshot_count,
+        config.compact_interval,
+        super::compactor::COMPACT_KEEP_REVISIONS
     );
 
     let mut by_kind: BTreeMap<&str, Counts> = BTreeMap::new();
@@ -394,9 +467,61 @@ pub fn verdict_text(summary: &RunSummary) -> String {
     let _ = writeln!(
         text,
         "watches: {} watchers, {events} events, {progress} progress notifications, {resumes} \
-         resumes",
-        recorded.watches.len()
+         resumes, {} cut off by compaction",
+        recorded.watches.len(),
+        recorded.watchers_compacted()
     );
+    let mut compactions: BTreeMap<&str, usize> = BTreeMap::new();
+    for compaction in &recorded.compactions {
+        let outcome = match compaction.outcome {
+            CompactOutcome::Ok => "ok",
+            CompactOutcome::AlreadyCompacted => "already compacted",
+            CompactOutcome::Failed => "failed",
+            CompactOutcome::Unknown => "unknown",
+        };
+        *compactions.entry(outcome).or_default() += 1;
+    }
+    let compactions: Vec<String> = compactions
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect();
+    let floor = recorded
+        .compactions
+        .iter()
+        .filter(|compaction| compaction.outcome == CompactOutcome::Ok)
+        .map(|compaction| compaction.revision)
+        .max()
+        .unwrap_or(0);
+    let _ = writeln!(
+        text,
+        "compactions: {} ({}), highest acknowledged at {floor}",
+        recorded.compactions.len(),
+        compactions.join(", ")
+    );
+    let (mut read_ok, mut read_compacted, mut read_failed) = (0usize, 0usize, 0usize);
+    for read in &recorded.past_reads {
+        match read.outcome {
+            PastReadOutcome::Ok { .. } => read_ok += 1,
+            PastReadOutcome::Compacted => read_compacted += 1,
+            PastReadOutcome::Failed => read_failed += 1,
+        }
+    }
+    let _ = writeln!(
+        text,
+        "past reads: {} ({read_ok} ok, {read_compacted} compacted, {read_failed} failed)",
+        recorded.past_reads.len()
+    );
+    let readers: Vec<String> = recorded
+        .readers
+        .iter()
+        .map(|reader| {
+            format!(
+                "{} {} resumes, {} cut off ({} revisions lost)",
+                reader.name, reader.resumes, reader.holes, reader.revisions_lost
+            )
+        })
+        .collect();
+    let _ = writeln!(text, "history readers: {}", readers.join("; "));
     if let Ok(observed) = &summary.observed {
         let _ = writeln!(
             text,
