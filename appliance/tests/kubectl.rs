@@ -24,7 +24,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A `skerry server` with its Kubernetes API, killed on drop.
 struct Kube {
-    child: Child,
+    _child: KilledOnDrop,
     /// etcd's API of the same server (`http://127.0.0.1:PORT`), for looking under the API.
     etcd: String,
     dir: tempfile::TempDir,
@@ -32,10 +32,13 @@ struct Kube {
     home: PathBuf,
 }
 
-impl Drop for Kube {
+/// A child process, killed and reaped on drop, so a failing test leaves no server behind.
+struct KilledOnDrop(Child);
+
+impl Drop for KilledOnDrop {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -66,7 +69,7 @@ impl Kube {
             .spawn()
             .expect("start skerry");
         let kube = Kube {
-            child,
+            _child: KilledOnDrop(child),
             etcd: format!("http://127.0.0.1:{etcd_port}"),
             kubeconfig: data.join("admin.kubeconfig"),
             home,
@@ -866,16 +869,9 @@ fn authorization_for_a_restricted_user() {
 
 /// One member of a three-member cluster, killed on drop.
 struct Member {
-    child: Child,
+    _child: KilledOnDrop,
     kubeconfig: PathBuf,
     log: PathBuf,
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn kubectl_as(kubeconfig: &Path, home: &Path, args: &[&str]) -> Output {
@@ -953,7 +949,7 @@ fn a_three_member_cluster_serves_the_api_on_every_member_and_survives_losing_one
             .spawn()
             .expect("start member");
         Member {
-            child,
+            _child: KilledOnDrop(child),
             kubeconfig: data.join("admin.kubeconfig"),
             log,
         }

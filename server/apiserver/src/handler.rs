@@ -15,7 +15,6 @@ use http::{HeaderMap, Method, Response, header};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use rustls_pki_types::CertificateDer;
-use serde_json::json;
 use skerry_api::ApiError;
 use skerry_store::Store;
 use tracing::Instrument;
@@ -508,13 +507,4 @@ async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
             }
         }
     }
-}
-
-/// The success `Status` some deletes answer.
-pub fn success_status(group: &str, kind: &str, name: &str, uid: Option<&str>) -> serde_json::Value {
-    let mut details = json!({"name": name, "group": group, "kind": kind});
-    if let Some(uid) = uid {
-        details["uid"] = json!(uid);
-    }
-    skerry_api::status::success(Some(details))
 }

@@ -20,6 +20,9 @@ pub struct CacheRbac {
     /// rebuilding is rare (RBAC objects change rarely) and the critical section is a clone
     /// of an `Arc`.
     current: Mutex<Option<([i64; 4], Arc<RbacSnapshot>)>>,
+    /// The bootstrap policy, decoded and aggregated once, for the moments before the caches
+    /// have loaded.
+    bootstrap: Arc<RbacSnapshot>,
 }
 
 impl CacheRbac {
@@ -32,6 +35,7 @@ impl CacheRbac {
         Self {
             caches: [cluster_roles, cluster_role_bindings, roles, role_bindings],
             current: Mutex::new(None),
+            bootstrap: Arc::new(RbacSnapshot::bootstrap()),
         }
     }
 
@@ -40,7 +44,7 @@ impl CacheRbac {
         if !self.caches.iter().all(|c| c.is_ready()) {
             // Before the caches have loaded, the bootstrap policy decides (it is what the
             // store is seeded with).
-            return Arc::new(RbacSnapshot::bootstrap());
+            return self.bootstrap.clone();
         }
         let mut current = self.current.lock();
         if let Some((at, snapshot)) = current.as_ref()

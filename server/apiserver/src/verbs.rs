@@ -18,7 +18,7 @@ use skerry_api::strict::FieldValidation;
 use skerry_api::{ApiError, meta};
 
 use crate::handler::{ApiServer, Request};
-use crate::response::{self, Body, Format, IncludeObject};
+use crate::response::{self, Body, Format};
 use crate::storage::{self, Filter, ListOptions, ResourceVersionMatch, WriteError};
 use crate::watch_cache::object::CachedObject;
 
@@ -972,10 +972,7 @@ fn delete_options(req: &Request) -> Result<Value, ApiError> {
 }
 
 /// The finalizer the propagation policy adds, if any (Kubernetes' `deletionFinalizersForGarbageCollection`).
-fn propagation_finalizer(
-    resource: &ResourceInfo,
-    options: &Value,
-) -> Result<Option<&'static str>, ApiError> {
+fn propagation_finalizer(options: &Value) -> Result<Option<&'static str>, ApiError> {
     let policy = options.get("propagationPolicy").and_then(Value::as_str);
     let orphan = options.get("orphanDependents").and_then(Value::as_bool);
     match (policy, orphan) {
@@ -987,7 +984,6 @@ fn propagation_finalizer(
         (Some("Background"), _) | (None, _) => {
             // Kubernetes orphans by default for a few old kinds only; every served kind
             // deletes dependents in the background.
-            let _ = resource;
             Ok(None)
         }
         (Some(other), _) => Err(ApiError::bad_request(format!(
@@ -1056,7 +1052,7 @@ pub async fn delete_one(
                 .collect()
         })
         .unwrap_or_default();
-    if let Some(f) = propagation_finalizer(resource, options)?
+    if let Some(f) = propagation_finalizer(options)?
         && !finalizers.iter().any(|x| x == f)
     {
         finalizers.push(f.to_string());
@@ -1209,13 +1205,4 @@ async fn delete_collection(
         "items": deleted,
     });
     Ok(response::json(200, &value, &[]))
-}
-
-/// What `IncludeObject` a Table row carries.
-pub fn include_object(include: IncludeObject, object: &CachedObject) -> Value {
-    match include {
-        IncludeObject::None => Value::Null,
-        IncludeObject::Metadata => crate::table::partial_metadata(object.value()),
-        IncludeObject::Object => object.value().clone(),
-    }
 }
