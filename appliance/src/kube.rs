@@ -18,6 +18,7 @@ use skerry_apiserver::{ApiServer, compactor};
 use skerry_store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::kubeconfig::Kubeconfig;
 use crate::pki::{ADMIN_USER, CA_CERT_FILE, PKI_DIR, Pki};
@@ -96,6 +97,16 @@ pub fn start(
         compaction_interval: Some(compactor::COMPACTION_INTERVAL),
         service_cidr,
     };
+    let pki = Arc::new(pki);
+    // The controllers talk to this member's own apiserver on the loopback.
+    let local_url = format!("https://127.0.0.1:{port}");
+    let identity = format!("{}_{:016x}", args.name, rand_suffix());
+    let manager_client = controller_client(
+        &pki,
+        &local_url,
+        CONTROLLER_MANAGER_USER,
+        CONTROLLER_MANAGER_GROUP,
+    )?;
     Ok(tokio::spawn(async move {
         // A new cluster's store is seeded once it takes writes (a cluster needs its quorum).
         while let Err(e) = skerry_apiserver::startup::bootstrap(&store, &service_cidr, port).await {
@@ -104,8 +115,82 @@ pub fn start(
         }
         let api = ApiServer::start(store, config);
         tracing::info!(%url, "Kubernetes API ready");
-        skerry_apiserver::server::serve(api, listener, Arc::new(tls), stop).await;
+        // The controllers stop first, while the API still serves, so the leader can hand its
+        // Lease back; then the API stops.
+        let controllers = CancellationToken::new();
+        let manager = tokio::spawn(skerry_controllers::manager::run(
+            manager_client,
+            controller_clients(pki, local_url),
+            identity,
+            controllers.clone(),
+        ));
+        let (serve_stop_tx, serve_stop) = watch::channel(false);
+        let mut stop = stop;
+        tokio::spawn(async move {
+            let _ = stop.wait_for(|s| *s).await;
+            controllers.cancel();
+            if tokio::time::timeout(CONTROLLERS_STOP_TIMEOUT, manager)
+                .await
+                .is_err()
+            {
+                tracing::warn!("controllers did not stop in time");
+            }
+            let _ = serve_stop_tx.send(true);
+        });
+        skerry_apiserver::server::serve(api, listener, Arc::new(tls), serve_stop).await;
     }))
+}
+
+/// The controller manager's own user: it reads through the shared informers and holds the
+/// Lease; the bootstrap RBAC policy binds it to `system:kube-controller-manager`.
+const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
+/// Kubernetes gives kube-controller-manager no group beyond `system:authenticated`.
+const CONTROLLER_MANAGER_GROUP: Option<&str> = None;
+/// The group of every service account, as a service-account token would carry it.
+const SERVICE_ACCOUNTS_GROUP: &str = "system:serviceaccounts";
+/// The namespace of the controllers' service accounts (`kube-system/<controller>`).
+const CONTROLLER_NAMESPACE: &str = "kube-system";
+/// How long a stopping member waits for its controllers to drain and release the Lease
+/// before the API stops: the Lease's renew deadline (10 s) is the most a term can take to end.
+const CONTROLLERS_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A client of the local apiserver as `user`, with a client certificate the cluster CA signs
+/// now. The certificates live in memory only and are made afresh on every leadership term.
+fn controller_client(
+    pki: &Pki,
+    url: &str,
+    user: &str,
+    group: Option<&str>,
+) -> Result<skerry_client::Client> {
+    let groups: Vec<&str> = group.into_iter().collect();
+    let cert = pki
+        .issue_client_cert(user, &groups, crate::pki::LEAF_VALIDITY)
+        .with_context(|| format!("issue a client certificate for {user}"))?;
+    let mut config = skerry_client::Config::new(url);
+    config.ca_pem = Some(pki.ca_cert_pem().to_string());
+    config.credentials = skerry_client::Credentials::ClientCert {
+        cert_pem: cert.cert_pem,
+        key_pem: cert.key_pem,
+    };
+    config.qps = skerry_controllers::manager::CONTROLLER_QPS;
+    config.burst = skerry_controllers::manager::CONTROLLER_BURST;
+    config.user_agent = format!("skerry-controller-manager/{user}");
+    Ok(skerry_client::Client::new(config)?)
+}
+
+/// Each controller's own client: `system:serviceaccount:kube-system:<controller>`, the user
+/// its bootstrap `system:controller:<controller>` role is bound to.
+fn controller_clients(pki: Arc<Pki>, url: String) -> skerry_controllers::manager::ClientFor {
+    Arc::new(move |controller: &str| {
+        let user = format!("system:serviceaccount:{CONTROLLER_NAMESPACE}:{controller}");
+        controller_client(&pki, &url, &user, Some(SERVICE_ACCOUNTS_GROUP))
+    })
+}
+
+/// 64 random bits for the leader-election identity (`<member>_<hex>`, as kube-controller-manager
+/// uses `<hostname>_<uuid>`), so a restarted member is a new candidate.
+fn rand_suffix() -> u64 {
+    rand::random()
 }
 
 /// `skerry kubeconfig`: a kubeconfig from an existing PKI (never creates one).

@@ -9,6 +9,8 @@
     reason = "each test binary uses a different subset of these helpers"
 )]
 
+pub mod kube;
+
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -33,6 +33,8 @@ pub mod startup;
 pub mod storage;
 pub mod subresources;
 pub mod table;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod verbs;
 pub mod watch;
 pub mod watch_cache;

@@ -5,7 +5,8 @@
 //! A write is: decode strictly → fill server-owned metadata → default → validate → one
 //! store transaction with the optimistic-concurrency compare (`mod_revision == expected`).
 //! Patches retry that loop on a conflict, as Kubernetes' patcher does, since the client did
-//! not ask for a precondition.
+//! not ask for a precondition — unless the patch itself sets `metadata.resourceVersion`,
+//! which makes it conditional like an update (see `patched_preconditions`).
 
 use std::sync::Arc;
 
@@ -441,9 +442,18 @@ async fn admit_namespace(
                 .pointer("/metadata/deletionTimestamp")
                 .is_some_and(|v| !v.is_null()) =>
         {
-            Err(ApiError::forbidden(format!(
+            let message = format!(
                 "unable to create new content in namespace {ns} because it is being terminated"
-            )))
+            );
+            // Kubernetes' NamespaceLifecycle admission adds this cause; controllers (and
+            // client-go's `HasStatusCause`) recognise a terminating namespace by it.
+            let mut err = ApiError::forbidden(message.clone());
+            err.causes.push(skerry_api::Cause::new(
+                "NamespaceTerminating",
+                "metadata.namespace",
+                message,
+            ));
+            Err(err)
         }
         Some(_) => Ok(()),
     }
@@ -687,7 +697,31 @@ pub(crate) async fn write_update(
     resource: &'static ResourceInfo,
     req: &Request,
     old: &CachedObject,
+    new: Value,
+) -> Result<Value, WriteError> {
+    write_update_as(server, resource, req, old, new, Ownership::Update).await
+}
+
+/// How a write's field ownership is recorded in `managedFields`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ownership {
+    /// Every write but an apply: the request's manager takes the fields it changed in an
+    /// `Update` entry.
+    Update,
+    /// A server-side apply, whose `Apply` entry the apply itself already recorded: recording
+    /// it again as an update would move the applier's fields to an `Update` entry of the same
+    /// manager, and its next apply would then conflict with itself.
+    Applied,
+}
+
+/// [`write_update`], with the ownership recorded as `ownership` says.
+async fn write_update_as(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    req: &Request,
+    old: &CachedObject,
     mut new: Value,
+    ownership: Ownership,
 ) -> Result<Value, WriteError> {
     let namespace = req.info.namespace.as_deref();
     let name = old.name().to_string();
@@ -718,7 +752,7 @@ pub(crate) async fn write_update(
         skerry_api::validation::validate_update(resource, old.value(), &new),
     )?;
     crate::admission::admit_update(server, resource, old.value(), &mut new, &req.user).await?;
-    {
+    if ownership == Ownership::Update {
         let now = meta::now();
         let manager = field_manager_of(resource, req, "update", &now)?;
         skerry_api::patch::record_update(&manager, Some(old.value()), &mut new);
@@ -729,7 +763,16 @@ pub(crate) async fn write_update(
     let finalizers_left = new
         .pointer("/metadata/finalizers")
         .and_then(Value::as_array)
-        .is_some_and(|f| !f.is_empty());
+        .is_some_and(|f| !f.is_empty())
+        // A terminating namespace also waits for its `spec.finalizers` (the namespace
+        // controller's `kubernetes`, removed through `/finalize` once the content is gone):
+        // Kubernetes' `ShouldDeleteNamespaceDuringUpdate`. Without this, any status write to
+        // a terminating namespace would remove it with its content still in place.
+        || (resource.resource == "namespaces"
+            && new
+                .pointer("/spec/finalizers")
+                .and_then(Value::as_array)
+                .is_some_and(|f| !f.is_empty()));
     if req.dry_run()? {
         return Ok(new);
     }
@@ -797,6 +840,7 @@ async fn update(
         ));
     }
     let old = current(server, resource, namespace, name).await?;
+    update_uid_precondition(resource, name, &old, &new)?;
     // An update that names a resourceVersion is conditional on it; one that does not is
     // unconditional (Kubernetes' AllowUnconditionalUpdate, true for every served kind).
     if let Some(rv) = new
@@ -891,8 +935,16 @@ async fn patch(
         };
         // The patched object passes the same strict check a body would.
         let decoded = skerry_api::kinds::decode_value(resource, patched, validation)?;
+        patched_preconditions(resource, name, old.as_ref(), &decoded.object)?;
         let result = match &old {
-            Some(old) => write_update(server, resource, req, old, decoded.object).await,
+            Some(old) => {
+                let ownership = if is_apply {
+                    Ownership::Applied
+                } else {
+                    Ownership::Update
+                };
+                write_update_as(server, resource, req, old, decoded.object, ownership).await
+            }
             None => {
                 // Server-side apply creates what does not exist.
                 let mut object = decoded.object;
@@ -943,6 +995,114 @@ async fn patch(
     }
 }
 
+/// The preconditions a patch carries in the object it produces, checked as Kubernetes'
+/// registry checks them (`Store.Update` after the patcher ran): the patch is applied to the
+/// current object, which carries the current `resourceVersion` and `uid`, so only a patch
+/// that *sets* them to something else fails — one that leaves them out (or removes the
+/// resourceVersion) is unconditional.
+///
+/// - a `resourceVersion` other than the current one: 409, the optimistic-lock conflict an
+///   update at a stale version gets. Not retried: the patch would set the same version again.
+/// - a `uid` other than the current one: 422, `metadata.uid` is immutable (Kubernetes has no
+///   UID precondition on PATCH; `BeforeUpdate`'s common-field validation rejects the change,
+///   and controllers — `ReleasePod`, the garbage collector — take the 422 to mean "the object
+///   was replaced").
+/// - an apply that would create the object but names a `uid`: 409, as Kubernetes'
+///   `applyPatch` answers ("uid mismatch ... no existing object was found").
+fn patched_preconditions(
+    resource: &ResourceInfo,
+    name: &str,
+    current: Option<&CachedObject>,
+    patched: &Value,
+) -> Result<(), ApiError> {
+    let set = |field: &str| {
+        patched
+            .pointer(field)
+            .and_then(Value::as_str)
+            .filter(|v| !v.is_empty())
+    };
+    let Some(current) = current else {
+        return match set("/metadata/uid") {
+            Some(uid) => Err(ApiError::conflict(
+                resource.group,
+                resource.resource,
+                name,
+                &format!(
+                    "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
+                ),
+            )),
+            None => Ok(()),
+        };
+    };
+    if let Some(rv) = set("/metadata/resourceVersion")
+        && rv != current.resource_version().to_string()
+    {
+        return Err(ApiError::conflict(
+            resource.group,
+            resource.resource,
+            name,
+            storage::CONFLICT_MESSAGE,
+        ));
+    }
+    let current_uid = current
+        .value()
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if let Some(uid) = set("/metadata/uid")
+        && uid != current_uid
+    {
+        return invalid(
+            resource,
+            name,
+            vec![skerry_api::Cause::invalid(
+                "metadata.uid",
+                uid,
+                UID_IMMUTABLE_MESSAGE,
+            )],
+        );
+    }
+    Ok(())
+}
+
+/// Kubernetes' message for a changed immutable field (`field.Invalid` by
+/// `ValidateImmutableField`).
+const UID_IMMUTABLE_MESSAGE: &str = "field is immutable";
+
+/// Kubernetes' UID precondition of an update: a PUT whose body names a `uid` is conditional
+/// on it (`defaultUpdatedObjectInfo.Preconditions`), checked by the storage before anything
+/// else and answered 409 as a failed precondition.
+fn update_uid_precondition(
+    resource: &ResourceInfo,
+    name: &str,
+    current: &CachedObject,
+    new: &Value,
+) -> Result<(), ApiError> {
+    let Some(uid) = new
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .filter(|u| !u.is_empty())
+    else {
+        return Ok(());
+    };
+    let current_uid = current
+        .value()
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if uid == current_uid {
+        return Ok(());
+    }
+    Err(ApiError::conflict(
+        resource.group,
+        resource.resource,
+        name,
+        &format!(
+            "Precondition failed: UID in precondition: {uid}, UID in object meta: {current_uid}"
+        ),
+    ))
+}
+
 /// DeleteOptions from the body or the query.
 fn delete_options(req: &Request) -> Result<Value, ApiError> {
     let mut options = if req.body.is_empty() {
@@ -971,30 +1131,124 @@ fn delete_options(req: &Request) -> Result<Value, ApiError> {
     Ok(options)
 }
 
-/// The finalizer the propagation policy adds, if any (Kubernetes' `deletionFinalizersForGarbageCollection`).
-fn propagation_finalizer(options: &Value) -> Result<Option<&'static str>, ApiError> {
+/// What a deletion asks to happen to the object's dependents: `propagationPolicy`, or the
+/// deprecated `orphanDependents` (`true` orphans; `false` is background deletion).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Propagation {
+    Orphan,
+    Foreground,
+    Background,
+}
+
+/// The propagation a DeleteOptions names, `None` when it names none.
+fn propagation(options: &Value) -> Result<Option<Propagation>, ApiError> {
     let policy = options.get("propagationPolicy").and_then(Value::as_str);
     let orphan = options.get("orphanDependents").and_then(Value::as_bool);
     match (policy, orphan) {
         (Some(_), Some(_)) => Err(ApiError::bad_request(
             "orphanDependents and propagationPolicy cannot both be set",
         )),
-        (Some("Orphan"), _) | (None, Some(true)) => Ok(Some(FINALIZER_ORPHAN)),
-        (Some("Foreground"), _) => Ok(Some(FINALIZER_FOREGROUND)),
-        (Some("Background"), _) | (None, _) => {
-            // Kubernetes orphans by default for a few old kinds only; every served kind
-            // deletes dependents in the background.
-            Ok(None)
-        }
-        (Some(other), _) => Err(ApiError::bad_request(format!(
+        (Some("Orphan"), None) | (None, Some(true)) => Ok(Some(Propagation::Orphan)),
+        (Some("Foreground"), None) => Ok(Some(Propagation::Foreground)),
+        (Some("Background"), None) | (None, Some(false)) => Ok(Some(Propagation::Background)),
+        (None, None) => Ok(None),
+        (Some(other), None) => Err(ApiError::bad_request(format!(
             "propagationPolicy: Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
         ))),
     }
 }
 
+/// The finalizers a deletion leaves on an object that has `current` (Kubernetes'
+/// `deletionFinalizersForGarbageCollection`, on the first deletion and on every repeated
+/// one): `Orphan` adds `orphan` and drops `foregroundDeletion`, `Foreground` the reverse,
+/// `Background` drops both. Without a policy the object's own finalizer decides (the first
+/// of the two, should both be there), and with neither the default is background: Kubernetes
+/// orphans by default for a few old API versions only, and skerry serves none of them.
+/// `current` itself (same order) when the set does not change.
+fn deletion_finalizers(propagation: Option<Propagation>, current: &[String]) -> Vec<String> {
+    let is_gc = |f: &String| f == FINALIZER_ORPHAN || f == FINALIZER_FOREGROUND;
+    let (orphan, foreground) = match propagation {
+        Some(Propagation::Orphan) => (true, false),
+        Some(Propagation::Foreground) => (false, true),
+        Some(Propagation::Background) => (false, false),
+        None => match current.iter().find(|f| is_gc(f)).map(String::as_str) {
+            Some(FINALIZER_ORPHAN) => (true, false),
+            Some(_) => (false, true),
+            None => (false, false),
+        },
+    };
+    let mut finalizers: Vec<String> = current.iter().filter(|f| !is_gc(f)).cloned().collect();
+    if orphan {
+        finalizers.push(FINALIZER_ORPHAN.to_string());
+    }
+    if foreground {
+        finalizers.push(FINALIZER_FOREGROUND.to_string());
+    }
+    if finalizer_set(&finalizers) == finalizer_set(current) {
+        current.to_vec()
+    } else {
+        finalizers
+    }
+}
+
+/// A finalizer list as a set: Kubernetes compares the lists before and after a deletion's
+/// policy as sets.
+fn finalizer_set(list: &[String]) -> std::collections::BTreeSet<&str> {
+    list.iter().map(String::as_str).collect()
+}
+
+/// Marks `object` as being deleted with `finalizers` and `grace` seconds (Kubernetes'
+/// `markAsDeleting` and `BeforeDelete`): the first mark sets `deletionTimestamp` and bumps a
+/// tracked `generation` (the object's controllers must now stand down); a repeated one keeps
+/// the timestamp unless it lies in the future (set by a member whose clock runs ahead).
+fn mark_deleting(
+    resource: &ResourceInfo,
+    object: &mut Value,
+    grace: i64,
+    finalizers: Vec<String>,
+) -> Result<(), ApiError> {
+    let now = meta::now();
+    let metadata = object["metadata"]
+        .as_object_mut()
+        .ok_or_else(|| ApiError::internal("object without metadata"))?;
+    let existing = metadata
+        .get("deletionTimestamp")
+        .and_then(Value::as_str)
+        .map(|t| t.parse::<jiff::Timestamp>().ok());
+    match existing {
+        None => {
+            if let Some(generation) = metadata
+                .get("generation")
+                .and_then(Value::as_i64)
+                .filter(|g| *g > 0)
+            {
+                metadata.insert("generation".into(), json!(generation + 1));
+            }
+            metadata.insert("deletionTimestamp".into(), json!(now));
+        }
+        Some(Some(at)) if now.parse::<jiff::Timestamp>().is_ok_and(|now| at > now) => {
+            metadata.insert("deletionTimestamp".into(), json!(now));
+        }
+        Some(_) => {}
+    }
+    metadata.insert("deletionGracePeriodSeconds".into(), json!(grace));
+    metadata.insert("finalizers".into(), json!(finalizers));
+    if resource.resource == "namespaces" {
+        object["status"]["phase"] = json!("Terminating");
+    }
+    Ok(())
+}
+
 /// Deletes one object: preconditions, then either a graceful deletion (pods on a node),
 /// a deletion that waits on finalizers (the object gets `deletionTimestamp` and stays), or
 /// the removal itself.
+///
+/// Deleting an object that is already being deleted (Kubernetes' store.go `Delete` on a
+/// terminating object) applies the request's propagation policy to its finalizers again —
+/// `kubectl delete --cascade=foreground` on a terminating object turns its deletion into a
+/// foreground one — and answers 200 with the object; if the policy took away its last
+/// finalizer, the object goes at once. A pod still counting down its grace period is left
+/// as it is (Kubernetes' `pendingGraceful`: DeleteOptions no longer change its finalizers).
 pub async fn delete_one(
     server: &ApiServer,
     resource: &'static ResourceInfo,
@@ -1042,8 +1296,9 @@ pub async fn delete_one(
             ),
         ));
     }
-    let mut object = old.value().clone();
-    let mut finalizers: Vec<String> = object
+    let propagation = propagation(options)?;
+    let object = old.value();
+    let current_finalizers: Vec<String> = object
         .pointer("/metadata/finalizers")
         .and_then(Value::as_array)
         .map(|a| {
@@ -1052,36 +1307,30 @@ pub async fn delete_one(
                 .collect()
         })
         .unwrap_or_default();
-    if let Some(f) = propagation_finalizer(options)?
-        && !finalizers.iter().any(|x| x == f)
-    {
-        finalizers.push(f.to_string());
-    }
+    let finalizers = deletion_finalizers(propagation, &current_finalizers);
     let already_deleting = object
         .pointer("/metadata/deletionTimestamp")
         .is_some_and(|v| !v.is_null());
-    let grace = graceful_period(resource, &object, options);
+    let grace = graceful_period(resource, object, options);
     let dry_run = req.dry_run()?;
+    if already_deleting && grace.is_some_and(|g| g > 0) {
+        return Ok((200, object.clone()));
+    }
     if !finalizers.is_empty() || grace.is_some_and(|g| g > 0) || resource.resource == "namespaces" {
         // Mark, do not remove: finalizers (or the kubelet, or the namespace controller)
         // finish the deletion.
-        if already_deleting && grace.is_none_or(|g| g > 0) {
-            return Ok((200, old.value().clone()));
+        let mut marked = object.clone();
+        mark_deleting(resource, &mut marked, grace.unwrap_or(0), finalizers)?;
+        if already_deleting && marked == *object {
+            // Nothing to change: no write, as Kubernetes skips an update that changes no byte.
+            return Ok((200, marked));
         }
-        let meta = object["metadata"]
-            .as_object_mut()
-            .ok_or_else(|| ApiError::internal("object without metadata"))?;
-        meta.insert("deletionTimestamp".into(), json!(meta::now()));
-        meta.insert(
-            "deletionGracePeriodSeconds".into(),
-            json!(grace.unwrap_or(0)),
-        );
-        meta.insert("finalizers".into(), json!(finalizers));
-        if resource.resource == "namespaces" {
-            object["status"]["phase"] = json!("Terminating");
-        }
+        // A first deletion that waits is answered 202 (what skerry's clients were built
+        // against; Kubernetes answers 200 unless `orphanDependents=false`), a repeated one
+        // 200 with the updated object, as Kubernetes does.
+        let code = if already_deleting { 200 } else { 202 };
         if dry_run {
-            return Ok((202, object));
+            return Ok((code, marked));
         }
         let stored = server
             .timed(
@@ -1092,16 +1341,18 @@ pub async fn delete_one(
                     resource,
                     namespace.as_deref(),
                     &name,
-                    object,
+                    marked,
                     old.resource_version(),
                 ),
             )
             .await
             .map_err(|e| e.into_api_error(resource, &name))?;
-        return Ok((202, stored));
+        return Ok((code, stored));
     }
+    // Nothing to wait for — on a first deletion, or on a repeated one whose policy took
+    // away the last finalizer (Kubernetes' `errDeleteNow`): the object goes now.
     if dry_run {
-        return Ok((200, object));
+        return Ok((200, object.clone()));
     }
     let deleted = server
         .timed(

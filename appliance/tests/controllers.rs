@@ -1,0 +1,442 @@
+//! The controllers through the real kubectl: Deployments roll out, roll back, scale and
+//! cascade; namespaces empty themselves and go; every namespace gets its `default`
+//! ServiceAccount; and when the member running the controllers dies, another takes the
+//! `kube-controller-manager` Lease and carries on.
+//!
+//! There is no kubelet yet, so pods stay Pending unless [`FakeKubelet`] — a thread that
+//! reports every pod Running and Ready through the status subresource, as a kubelet would —
+//! is running.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::kube::*;
+
+/// How long a controller gets to make the cluster converge after a kubectl command: its
+/// informers see the write in milliseconds; the slack covers a debug build on a loaded 2-core
+/// machine running other tests.
+const CONVERGE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The Lease the controllers' leader holds.
+const LEASE: [&str; 5] = [
+    "get",
+    "lease",
+    "kube-controller-manager",
+    "-n",
+    "kube-system",
+];
+
+/// Reports every pod of a namespace Running and Ready until dropped.
+struct FakeKubelet {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FakeKubelet {
+    fn start(kube: &Kube, namespace: &str) -> FakeKubelet {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (kubeconfig, home, ns) = (
+            kube.kubeconfig.clone(),
+            kube.home.clone(),
+            namespace.to_string(),
+        );
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::SeqCst) {
+                let out = kubectl_as(
+                    &kubeconfig,
+                    &home,
+                    &[
+                        "get",
+                        "pods",
+                        "-n",
+                        &ns,
+                        "-o",
+                        r#"jsonpath={range .items[*]}{.metadata.name} {.status.phase}{"\n"}{end}"#,
+                    ],
+                );
+                for line in String::from_utf8_lossy(&out.stdout).lines() {
+                    let mut parts = line.split_whitespace();
+                    let (Some(pod), phase) = (parts.next(), parts.next()) else {
+                        continue;
+                    };
+                    if phase == Some("Running") {
+                        continue;
+                    }
+                    let status = format!(
+                        r#"{{"status":{{"phase":"Running","podIP":"10.244.0.{}","conditions":[{{"type":"Ready","status":"True","lastTransitionTime":"2026-01-01T00:00:00Z"}}]}}}}"#,
+                        pod.len() % 250 + 2
+                    );
+                    let _ = kubectl_as(
+                        &kubeconfig,
+                        &home,
+                        &[
+                            "patch",
+                            "pod",
+                            pod,
+                            "-n",
+                            &ns,
+                            "--subresource=status",
+                            "--type=merge",
+                            "-p",
+                            &status,
+                        ],
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        });
+        FakeKubelet {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for FakeKubelet {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Polls `kubectl args` until `check` accepts its stdout; returns that stdout.
+fn converge(kube: &Kube, args: &[&str], what: &str, check: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let out = kube.kubectl_output(args, None);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() && check(&stdout) {
+            return stdout;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not reached in {CONVERGE_TIMEOUT:?}; last `kubectl {args:?}`: {stdout}{}\nserver log tail:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            tail(&kube.log())
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn words(s: &str) -> Vec<String> {
+    s.split_whitespace().map(str::to_string).collect()
+}
+
+/// The names of the ReplicaSets of Deployment `web` in `shop`, with their replicas.
+fn replica_sets(kube: &Kube) -> Vec<(String, String)> {
+    let out = kube.ok(&[
+        "get",
+        "rs",
+        "-n",
+        "shop",
+        "-l",
+        "app=web",
+        "-o",
+        r#"jsonpath={range .items[*]}{.metadata.name} {.spec.replicas}{"\n"}{end}"#,
+    ]);
+    out.lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, r)| (n.to_string(), r.to_string()))
+        .collect()
+}
+
+/// The pod-template-hash alphabet: no vowels, no 0, 1, 3 (so a name never spells a word).
+fn is_hash_suffix(name: &str, deployment: &str) -> bool {
+    name.strip_prefix(&format!("{deployment}-")).is_some_and(|h| {
+        !h.is_empty() && h.chars().all(|c| "bcdfghjklmnpqrstvwxz2456789".contains(c))
+    })
+}
+
+#[test]
+fn deployments_roll_out_roll_back_scale_down_and_delete_in_the_foreground() {
+    let kube = Kube::start(&[]);
+    kube.ok(&["create", "namespace", "shop"]);
+    let kubelet = FakeKubelet::start(&kube, "shop");
+    kube.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "-n",
+        "shop",
+        "--image=nginx:1.27",
+        "--replicas=3",
+    ]);
+    // One ReplicaSet named by the template hash, three pods it owns.
+    converge(
+        &kube,
+        &["get", "pods", "-n", "shop", "-l", "app=web", "-o", "name"],
+        "3 pods",
+        |s| s.lines().count() == 3,
+    );
+    let first = replica_sets(&kube);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(is_hash_suffix(&first[0].0, "web"), "{first:?}");
+    let owners = kube.ok(&[
+        "get",
+        "pods",
+        "-n",
+        "shop",
+        "-l",
+        "app=web",
+        "-o",
+        "jsonpath={.items[*].metadata.ownerReferences[0].name}",
+    ]);
+    assert_eq!(words(&owners), vec![first[0].0.clone(); 3]);
+    kube.ok(&[
+        "rollout",
+        "status",
+        "deployment/web",
+        "-n",
+        "shop",
+        "--timeout=60s",
+    ]);
+
+    // A new image rolls to a second ReplicaSet; the first ends at 0.
+    kube.ok(&[
+        "set",
+        "image",
+        "deployment/web",
+        "-n",
+        "shop",
+        "nginx=nginx:1.28",
+    ]);
+    kube.ok(&[
+        "rollout",
+        "status",
+        "deployment/web",
+        "-n",
+        "shop",
+        "--timeout=60s",
+    ]);
+    let rolled = replica_sets(&kube);
+    assert_eq!(rolled.len(), 2, "{rolled:?}");
+    let second = rolled
+        .iter()
+        .find(|(n, _)| *n != first[0].0)
+        .expect("a second ReplicaSet")
+        .clone();
+    assert!(is_hash_suffix(&second.0, "web"), "{rolled:?}");
+    assert_eq!(second.1, "3");
+    assert!(rolled.contains(&(first[0].0.clone(), "0".to_string())), "{rolled:?}");
+
+    // `rollout undo` goes back to the first ReplicaSet (revision 3), not a third.
+    kube.ok(&["rollout", "undo", "deployment/web", "-n", "shop"]);
+    kube.ok(&[
+        "rollout",
+        "status",
+        "deployment/web",
+        "-n",
+        "shop",
+        "--timeout=60s",
+    ]);
+    let undone = replica_sets(&kube);
+    assert_eq!(undone.len(), 2, "{undone:?}");
+    assert!(undone.contains(&(first[0].0.clone(), "3".to_string())), "{undone:?}");
+    assert!(undone.contains(&(second.0.clone(), "0".to_string())), "{undone:?}");
+    let revision = kube.ok(&[
+        "get",
+        "rs",
+        &first[0].0,
+        "-n",
+        "shop",
+        "-o",
+        r#"jsonpath={.metadata.annotations.deployment\.kubernetes\.io/revision}"#,
+    ]);
+    assert_eq!(revision, "3");
+    let image = kube.ok(&[
+        "get",
+        "deployment",
+        "web",
+        "-n",
+        "shop",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].image}",
+    ]);
+    assert_eq!(image, "nginx:1.27");
+
+    // Scale up with the kubelet stopped: the two new pods stay Pending. Scaling back down
+    // deletes exactly those (not ready before ready), not the three running ones.
+    drop(kubelet);
+    let running = words(&kube.ok(&[
+        "get",
+        "pods",
+        "-n",
+        "shop",
+        "-l",
+        "app=web",
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ]));
+    assert_eq!(running.len(), 3, "{running:?}");
+    kube.ok(&["scale", "deployment/web", "-n", "shop", "--replicas=5"]);
+    converge(
+        &kube,
+        &["get", "pods", "-n", "shop", "-l", "app=web", "-o", "name"],
+        "5 pods",
+        |s| s.lines().count() == 5,
+    );
+    kube.ok(&["scale", "deployment/web", "-n", "shop", "--replicas=3"]);
+    let left = converge(
+        &kube,
+        &[
+            "get",
+            "pods",
+            "-n",
+            "shop",
+            "-l",
+            "app=web",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ],
+        "3 pods after scaling down",
+        |s| s.split_whitespace().count() == 3,
+    );
+    let mut left = words(&left);
+    let mut running = running;
+    left.sort();
+    running.sort();
+    assert_eq!(left, running, "scale down kept the ready pods");
+
+    // Foreground deletion: kubectl waits until the Deployment is gone, which the garbage
+    // collector allows only after its ReplicaSets and their pods are.
+    kube.ok(&[
+        "delete",
+        "deployment",
+        "web",
+        "-n",
+        "shop",
+        "--cascade=foreground",
+        "--timeout=60s",
+    ]);
+    assert_eq!(
+        kube.ok(&["get", "rs,pods", "-n", "shop", "-l", "app=web", "-o", "name"]),
+        ""
+    );
+}
+
+#[test]
+fn namespaces_get_a_default_service_account_and_delete_their_contents() {
+    let kube = Kube::start(&[]);
+    kube.ok(&["create", "namespace", "tmp"]);
+    converge(
+        &kube,
+        &["get", "serviceaccount", "default", "-n", "tmp", "-o", "name"],
+        "default ServiceAccount",
+        |s| s.trim() == "serviceaccount/default",
+    );
+    // A deleted default ServiceAccount comes back.
+    kube.ok(&["delete", "serviceaccount", "default", "-n", "tmp"]);
+    converge(
+        &kube,
+        &["get", "serviceaccount", "default", "-n", "tmp", "-o", "name"],
+        "default ServiceAccount again",
+        |s| s.trim() == "serviceaccount/default",
+    );
+    kube.ok(&["create", "configmap", "c", "-n", "tmp", "--from-literal=k=v"]);
+    kube.ok(&["create", "secret", "generic", "s", "-n", "tmp", "--from-literal=k=v"]);
+    kube.ok(&[
+        "create",
+        "deployment",
+        "d",
+        "-n",
+        "tmp",
+        "--image=nginx:1.27",
+        "--replicas=2",
+    ]);
+    converge(
+        &kube,
+        &["get", "pods", "-n", "tmp", "-o", "name"],
+        "2 pods",
+        |s| s.lines().count() == 2,
+    );
+    // kubectl waits for the namespace to be gone: the namespace controller empties it and
+    // removes the `kubernetes` finalizer.
+    kube.ok(&["delete", "namespace", "tmp", "--timeout=60s"]);
+    let err = kube.fails(&["get", "namespace", "tmp"], None);
+    assert!(err.contains("NotFound"), "{err}");
+}
+
+#[test]
+fn a_killed_leader_hands_the_controllers_to_another_member_within_the_lease_time() {
+    let Cluster {
+        mut members,
+        home,
+        root: _root,
+    } = Cluster::start();
+    let holder = |m: &Member| -> String {
+        let mut args = LEASE.to_vec();
+        args.extend(["-o", "jsonpath={.spec.holderIdentity}"]);
+        eventually(&m.kubeconfig, &home, &args, &m.log)
+    };
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let leader = loop {
+        let h = holder(&members[0]);
+        if !h.is_empty() {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "no controller leader elected");
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    // Identities are `<member name>_<random hex>`.
+    let index = ["n1", "n2", "n3"]
+        .iter()
+        .position(|n| leader.starts_with(&format!("{n}_")))
+        .unwrap_or_else(|| panic!("leader identity {leader:?} names no member"));
+    drop(members.remove(index));
+    let killed = Instant::now();
+    let new_leader = loop {
+        let out = kubectl_as(
+            &members[0].kubeconfig,
+            &home,
+            &[LEASE.as_slice(), &["-o", "jsonpath={.spec.holderIdentity}"]].concat(),
+        );
+        let h = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() && !h.is_empty() && h != leader {
+            break h;
+        }
+        assert!(
+            killed.elapsed() < CONVERGE_TIMEOUT,
+            "nobody took over from {leader}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let took = killed.elapsed();
+    // The lease is 15 s; a candidate acquires on its first retry (2 s, jittered up to 2.2 x)
+    // after the lease runs out, measured from the last renewal before the kill.
+    assert!(
+        took < Duration::from_secs(15 + 5 + 5),
+        "{new_leader} took over after {took:?}"
+    );
+    eprintln!("{new_leader} took over from {leader} {took:?} after the kill");
+    // The new leader's controllers work: a Deployment gets its ReplicaSet and pods.
+    eventually(
+        &members[0].kubeconfig,
+        &home,
+        &["create", "deployment", "after", "--image=nginx:1.27", "--replicas=2"],
+        &members[0].log,
+    );
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let out = kubectl_as(
+            &members[1].kubeconfig,
+            &home,
+            &["get", "pods", "-l", "app=after", "-o", "name"],
+        );
+        if String::from_utf8_lossy(&out.stdout).lines().count() == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new leader's controllers made no pods\n{}",
+            tail(&std::fs::read_to_string(&members[1].log).unwrap_or_default())
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}

@@ -1,0 +1,17 @@
+//! skerry's controllers (tour section 5, "The controllers: acting on a cache that lags"): each
+//! reads from shared informers, decides, and writes through the apiserver; they run only on
+//! the member that holds the `kube-controller-manager` Lease.
+
+pub mod context;
+pub mod deployment;
+pub mod expectations;
+pub mod garbagecollector;
+pub mod hash;
+pub mod manager;
+pub mod namespace;
+pub mod nodelifecycle;
+pub mod podcontrol;
+pub mod replicaset;
+pub mod runtime;
+pub mod serviceaccount;
+pub mod util;
