@@ -96,6 +96,8 @@ pub fn start(
         token_issuer: Some(issuer),
         compaction_interval: Some(compactor::COMPACTION_INTERVAL),
         service_cidr,
+        // The controllers' workqueues (kube-controller-manager serves these on its own port).
+        extra_metrics: Some(Arc::new(skerry_client::workqueue::metrics::encode_text)),
     };
     let pki = Arc::new(pki);
     // The controllers talk to this member's own apiserver on the loopback.

@@ -149,9 +149,10 @@ fn replica_sets(kube: &Kube) -> Vec<(String, String)> {
 
 /// The pod-template-hash alphabet: no vowels, no 0, 1, 3 (so a name never spells a word).
 fn is_hash_suffix(name: &str, deployment: &str) -> bool {
-    name.strip_prefix(&format!("{deployment}-")).is_some_and(|h| {
-        !h.is_empty() && h.chars().all(|c| "bcdfghjklmnpqrstvwxz2456789".contains(c))
-    })
+    name.strip_prefix(&format!("{deployment}-"))
+        .is_some_and(|h| {
+            !h.is_empty() && h.chars().all(|c| "bcdfghjklmnpqrstvwxz2456789".contains(c))
+        })
 }
 
 #[test]
@@ -224,7 +225,10 @@ fn deployments_roll_out_roll_back_scale_down_and_delete_in_the_foreground() {
         .clone();
     assert!(is_hash_suffix(&second.0, "web"), "{rolled:?}");
     assert_eq!(second.1, "3");
-    assert!(rolled.contains(&(first[0].0.clone(), "0".to_string())), "{rolled:?}");
+    assert!(
+        rolled.contains(&(first[0].0.clone(), "0".to_string())),
+        "{rolled:?}"
+    );
 
     // `rollout undo` goes back to the first ReplicaSet (revision 3), not a third.
     kube.ok(&["rollout", "undo", "deployment/web", "-n", "shop"]);
@@ -238,8 +242,14 @@ fn deployments_roll_out_roll_back_scale_down_and_delete_in_the_foreground() {
     ]);
     let undone = replica_sets(&kube);
     assert_eq!(undone.len(), 2, "{undone:?}");
-    assert!(undone.contains(&(first[0].0.clone(), "3".to_string())), "{undone:?}");
-    assert!(undone.contains(&(second.0.clone(), "0".to_string())), "{undone:?}");
+    assert!(
+        undone.contains(&(first[0].0.clone(), "3".to_string())),
+        "{undone:?}"
+    );
+    assert!(
+        undone.contains(&(second.0.clone(), "0".to_string())),
+        "{undone:?}"
+    );
     let revision = kube.ok(&[
         "get",
         "rs",
@@ -316,7 +326,9 @@ fn deployments_roll_out_roll_back_scale_down_and_delete_in_the_foreground() {
         "--timeout=60s",
     ]);
     assert_eq!(
-        kube.ok(&["get", "rs,pods", "-n", "shop", "-l", "app=web", "-o", "name"]),
+        kube.ok(&[
+            "get", "rs,pods", "-n", "shop", "-l", "app=web", "-o", "name"
+        ]),
         ""
     );
 }
@@ -327,7 +339,15 @@ fn namespaces_get_a_default_service_account_and_delete_their_contents() {
     kube.ok(&["create", "namespace", "tmp"]);
     converge(
         &kube,
-        &["get", "serviceaccount", "default", "-n", "tmp", "-o", "name"],
+        &[
+            "get",
+            "serviceaccount",
+            "default",
+            "-n",
+            "tmp",
+            "-o",
+            "name",
+        ],
         "default ServiceAccount",
         |s| s.trim() == "serviceaccount/default",
     );
@@ -335,12 +355,35 @@ fn namespaces_get_a_default_service_account_and_delete_their_contents() {
     kube.ok(&["delete", "serviceaccount", "default", "-n", "tmp"]);
     converge(
         &kube,
-        &["get", "serviceaccount", "default", "-n", "tmp", "-o", "name"],
+        &[
+            "get",
+            "serviceaccount",
+            "default",
+            "-n",
+            "tmp",
+            "-o",
+            "name",
+        ],
         "default ServiceAccount again",
         |s| s.trim() == "serviceaccount/default",
     );
-    kube.ok(&["create", "configmap", "c", "-n", "tmp", "--from-literal=k=v"]);
-    kube.ok(&["create", "secret", "generic", "s", "-n", "tmp", "--from-literal=k=v"]);
+    kube.ok(&[
+        "create",
+        "configmap",
+        "c",
+        "-n",
+        "tmp",
+        "--from-literal=k=v",
+    ]);
+    kube.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "s",
+        "-n",
+        "tmp",
+        "--from-literal=k=v",
+    ]);
     kube.ok(&[
         "create",
         "deployment",
@@ -419,7 +462,13 @@ fn a_killed_leader_hands_the_controllers_to_another_member_within_the_lease_time
     eventually(
         &members[0].kubeconfig,
         &home,
-        &["create", "deployment", "after", "--image=nginx:1.27", "--replicas=2"],
+        &[
+            "create",
+            "deployment",
+            "after",
+            "--image=nginx:1.27",
+            "--replicas=2",
+        ],
         &members[0].log,
     );
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
@@ -439,4 +488,175 @@ fn a_killed_leader_hands_the_controllers_to_another_member_within_the_lease_time
         );
         std::thread::sleep(Duration::from_millis(250));
     }
+}
+
+const NODES_AND_WORKLOADS: &str = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: box-1
+  labels:
+    topology.kubernetes.io/zone: hall-a
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: box-2
+  labels:
+    topology.kubernetes.io/zone: hall-a
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: agent
+  namespace: edge
+spec:
+  selector:
+    matchLabels:
+      app: agent
+  template:
+    metadata:
+      labels:
+        app: agent
+    spec:
+      containers:
+      - name: agent
+        image: busybox:1.36
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: db
+  namespace: edge
+spec:
+  serviceName: db
+  replicas: 3
+  selector:
+    matchLabels:
+      app: db
+  template:
+    metadata:
+      labels:
+        app: db
+    spec:
+      containers:
+      - name: db
+        image: postgres:17
+        ports:
+        - name: sql
+          containerPort: 5432
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: db
+  namespace: edge
+spec:
+  selector:
+    app: db
+  ports:
+  - port: 5432
+    targetPort: sql
+"#;
+
+#[test]
+fn daemonsets_statefulsets_and_the_endpoints_of_a_service() {
+    let kube = Kube::start(&[]);
+    kube.ok(&["create", "namespace", "edge"]);
+    let manifest = kube.path("edge.yaml");
+    std::fs::write(&manifest, NODES_AND_WORKLOADS).expect("write manifest");
+    kube.ok(&["apply", "-f", &manifest.display().to_string()]);
+    // One daemon pod per node, pinned by node affinity (the scheduler binds it).
+    let pinned = converge(
+        &kube,
+        &[
+            "get",
+            "pods",
+            "-n",
+            "edge",
+            "-l",
+            "app=agent",
+            "-o",
+            r#"jsonpath={range .items[*]}{.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchFields[0].values[0]}{"\n"}{end}"#,
+        ],
+        "a daemon pod per node",
+        |s| s.lines().count() == 2,
+    );
+    let mut nodes = words(&pinned);
+    nodes.sort();
+    assert_eq!(nodes, ["box-1", "box-2"]);
+    // OrderedReady: db-0 alone until it runs and is ready.
+    converge(
+        &kube,
+        &["get", "pods", "-n", "edge", "-l", "app=db", "-o", "name"],
+        "db-0",
+        |s| s.trim() == "pod/db-0",
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        kube.ok(&["get", "pods", "-n", "edge", "-l", "app=db", "-o", "name"])
+            .trim(),
+        "pod/db-0",
+        "db-1 must wait for db-0 to be ready"
+    );
+    let kubelet = FakeKubelet::start(&kube, "edge");
+    converge(
+        &kube,
+        &[
+            "get",
+            "statefulset",
+            "db",
+            "-n",
+            "edge",
+            "-o",
+            "jsonpath={.status.readyReplicas}",
+        ],
+        "3 ready db replicas",
+        |s| s == "3",
+    );
+    // The Service's endpoints: the three db pods, on the named port.
+    let endpoints = converge(
+        &kube,
+        &[
+            "get",
+            "endpoints",
+            "db",
+            "-n",
+            "edge",
+            "-o",
+            r#"jsonpath={range .subsets[*].addresses[*]}{.targetRef.name}{"\n"}{end}"#,
+        ],
+        "3 endpoint addresses",
+        |s| s.lines().count() == 3,
+    );
+    let mut pods = words(&endpoints);
+    pods.sort();
+    assert_eq!(pods, ["db-0", "db-1", "db-2"]);
+    let slice = converge(
+        &kube,
+        &[
+            "get",
+            "endpointslices",
+            "-n",
+            "edge",
+            "-l",
+            "kubernetes.io/service-name=db",
+            "-o",
+            r#"jsonpath={range .items[*].endpoints[*]}{.targetRef.name} {.conditions.ready}{"\n"}{end}"#,
+        ],
+        "an EndpointSlice with 3 ready endpoints",
+        |s| s.lines().filter(|l| l.ends_with(" true")).count() == 3,
+    );
+    assert_eq!(slice.lines().count(), 3, "{slice}");
+    let port = kube.ok(&[
+        "get",
+        "endpoints",
+        "db",
+        "-n",
+        "edge",
+        "-o",
+        "jsonpath={.subsets[0].ports[0].port}",
+    ]);
+    assert_eq!(port, "5432");
+    drop(kubelet);
 }

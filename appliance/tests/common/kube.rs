@@ -192,7 +192,6 @@ pub fn eventually(kubeconfig: &Path, home: &Path, args: &[&str], log: &Path) -> 
     }
 }
 
-
 /// Three members of one cluster (`n1`, `n2`, `n3`) on loopback ports, sharing one PKI
 /// directory so one kubeconfig's CA trusts every member.
 pub struct Cluster {

@@ -90,6 +90,8 @@ pub struct ApiServer {
     pub service_cidr: crate::ipalloc::ServiceCidr,
     /// Leases for Events (their time to live).
     pub event_leases: crate::leases::LeaseManager,
+    /// More `/metrics` text from the rest of the process.
+    pub extra_metrics: Option<ExtraMetrics>,
     /// The compactor loop; aborted when the server is dropped.
     compactor: Option<tokio::task::JoinHandle<()>>,
 }
@@ -112,7 +114,13 @@ pub struct Config {
     pub compaction_interval: Option<std::time::Duration>,
     /// `--service-cluster-ip-range`.
     pub service_cidr: crate::ipalloc::ServiceCidr,
+    /// More metrics for `/metrics`, in the OpenMetrics text format (the process's other
+    /// components: the controllers' workqueues). Called on every scrape.
+    pub extra_metrics: Option<ExtraMetrics>,
 }
+
+/// A source of more `/metrics` text (OpenMetrics, its own `# EOF` line optional).
+pub type ExtraMetrics = Arc<dyn Fn() -> String + Send + Sync>;
 
 impl ApiServer {
     /// Starts one watch cache per stored resource and the compactor. Seed a new cluster's
@@ -150,6 +158,7 @@ impl ApiServer {
             token_issuer: config.token_issuer,
             service_cidr: config.service_cidr,
             event_leases: crate::leases::LeaseManager::new(crate::leases::EVENT_TTL),
+            extra_metrics: config.extra_metrics,
             compactor,
         })
     }

@@ -162,12 +162,17 @@ impl Metrics {
         }
         let mut text = String::new();
         match encode(&mut text, &self.registry) {
-            Ok(()) => response::bytes(
-                200,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                text,
-                &[],
-            ),
+            Ok(()) => {
+                if let Some(extra) = &server.extra_metrics {
+                    append_families(&mut text, &extra());
+                }
+                response::bytes(
+                    200,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    text,
+                    &[],
+                )
+            }
             Err(e) => response::error(&skerry_api::ApiError::internal(format!(
                 "encoding metrics: {e}"
             ))),
@@ -202,5 +207,39 @@ mod tests {
             ),
             "{text}"
         );
+    }
+}
+
+/// OpenMetrics' terminator: one per exposition, at its very end.
+const EOF_LINE: &str = "# EOF\n";
+
+/// Appends the metric families of another exposition to `text`, keeping one `# EOF` at the
+/// end of the whole.
+fn append_families(text: &mut String, more: &str) {
+    if let Some(body) = text.strip_suffix(EOF_LINE) {
+        text.truncate(body.len());
+    }
+    text.push_str(more.strip_suffix(EOF_LINE).unwrap_or(more));
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(EOF_LINE);
+}
+
+#[cfg(test)]
+mod append_tests {
+    use super::append_families;
+
+    #[test]
+    fn one_eof_at_the_end() {
+        let mut text = "# TYPE a counter\na_total 1\n# EOF\n".to_string();
+        append_families(&mut text, "# TYPE b gauge\nb 2\n# EOF\n");
+        assert_eq!(
+            text,
+            "# TYPE a counter\na_total 1\n# TYPE b gauge\nb 2\n# EOF\n"
+        );
+        let mut text = "# EOF\n".to_string();
+        append_families(&mut text, "c 3");
+        assert_eq!(text, "c 3\n# EOF\n");
     }
 }

@@ -179,6 +179,7 @@ impl TestServer {
                 // No compactor: tests compact the store themselves when they mean to.
                 compaction_interval: None,
                 service_cidr,
+                extra_metrics: None,
             },
         );
         for cache in api.caches.values() {

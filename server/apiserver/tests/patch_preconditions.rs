@@ -66,6 +66,7 @@ async fn start() -> Server {
             token_issuer: None,
             compaction_interval: None,
             service_cidr,
+            extra_metrics: None,
         },
     );
     Server { api, _dir: dir }

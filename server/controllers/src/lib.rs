@@ -3,7 +3,10 @@
 //! the member that holds the `kube-controller-manager` Lease.
 
 pub mod context;
+pub mod daemonset;
 pub mod deployment;
+pub mod endpoints;
+pub mod endpointslice;
 pub mod expectations;
 pub mod garbagecollector;
 pub mod hash;
@@ -14,4 +17,5 @@ pub mod podcontrol;
 pub mod replicaset;
 pub mod runtime;
 pub mod serviceaccount;
+pub mod statefulset;
 pub mod util;

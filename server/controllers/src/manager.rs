@@ -25,12 +25,16 @@ use skerry_client::leaderelection::{Callbacks, LeaderElectionConfig, LeaderElect
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, DEFAULT_RESYNC, InformerFactory};
+use crate::daemonset::DaemonSetController;
 use crate::deployment::DeploymentController;
+use crate::endpoints::EndpointsController;
+use crate::endpointslice::EndpointSliceController;
 use crate::garbagecollector::GarbageCollector;
 use crate::namespace::NamespaceController;
 use crate::nodelifecycle::NodeLifecycleController;
 use crate::replicaset::ReplicaSetController;
 use crate::serviceaccount::ServiceAccountController;
+use crate::statefulset::StatefulSetController;
 
 /// The Lease kube-controller-manager elects its leader on (`kube-system/kube-controller-manager`);
 /// kept so that tools that read it (`kubectl get lease -n kube-system`) find the leader.
@@ -197,6 +201,26 @@ fn controllers(
         "service-account-controller",
         ServiceAccountController,
         workers::SERVICE_ACCOUNT
+    );
+    controller!(
+        "endpoint-controller",
+        EndpointsController,
+        workers::ENDPOINTS
+    );
+    controller!(
+        "endpointslice-controller",
+        EndpointSliceController,
+        workers::ENDPOINTSLICE
+    );
+    controller!(
+        "daemon-set-controller",
+        DaemonSetController,
+        workers::DAEMONSET
+    );
+    controller!(
+        "statefulset-controller",
+        StatefulSetController,
+        workers::STATEFULSET
     );
     Ok(running)
 }

@@ -192,6 +192,7 @@ impl Harness {
                 // No compactor: a round in the middle of a measurement would be noise.
                 compaction_interval: None,
                 service_cidr,
+                extra_metrics: None,
             },
         );
         let (stop, stopped) = watch::channel(false);

@@ -94,9 +94,11 @@ pub trait Writes: Send + Sync {
         &self,
         d: &Deployment,
     ) -> impl Future<Output = Result<Deployment, Error>> + Send;
-    /// Sets one annotation on a Deployment (a merge patch of the main resource: skerry's
-    /// status subresource, unlike Kubernetes', keeps metadata from the stored object, and an
-    /// annotation change does not bump `generation`).
+    /// Sets one annotation on a Deployment: a PUT of the main resource with the working
+    /// copy's resourceVersion (409 when stale), since the controller's RBAC role may update
+    /// Deployments but not patch them, and skerry's status subresource, unlike Kubernetes',
+    /// keeps metadata from the stored object. An annotation change does not bump
+    /// `generation`.
     fn set_deployment_annotation(
         &self,
         d: &Deployment,
