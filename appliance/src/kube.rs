@@ -103,6 +103,14 @@ pub fn start(
     // The controllers talk to this member's own apiserver on the loopback.
     let local_url = format!("https://127.0.0.1:{port}");
     let identity = format!("{}_{:016x}", args.name, rand_suffix());
+    let scheduler_identity = format!("{}_{:016x}", args.name, rand_suffix());
+    let scheduler_client = local_client(
+        &pki,
+        &local_url,
+        SCHEDULER_USER,
+        None,
+        (SCHEDULER_QPS, SCHEDULER_BURST),
+    )?;
     let manager_client = controller_client(
         &pki,
         &local_url,
@@ -126,16 +134,22 @@ pub fn start(
             identity,
             controllers.clone(),
         ));
+        let scheduler = tokio::spawn(skerry_scheduler::scheduler::run_leader_elected(
+            scheduler_client,
+            scheduler_identity,
+            controllers.clone(),
+        ));
         let (serve_stop_tx, serve_stop) = watch::channel(false);
         let mut stop = stop;
         tokio::spawn(async move {
             let _ = stop.wait_for(|s| *s).await;
             controllers.cancel();
-            if tokio::time::timeout(CONTROLLERS_STOP_TIMEOUT, manager)
+            let stopped = futures::future::join(manager, scheduler);
+            if tokio::time::timeout(CONTROLLERS_STOP_TIMEOUT, stopped)
                 .await
                 .is_err()
             {
-                tracing::warn!("controllers did not stop in time");
+                tracing::warn!("controllers and scheduler did not stop in time");
             }
             let _ = serve_stop_tx.send(true);
         });
@@ -146,6 +160,12 @@ pub fn start(
 /// The controller manager's own user: it reads through the shared informers and holds the
 /// Lease; the bootstrap RBAC policy binds it to `system:kube-controller-manager`.
 const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
+/// The scheduler's user; the bootstrap RBAC policy binds it to `system:kube-scheduler`.
+const SCHEDULER_USER: &str = "system:kube-scheduler";
+/// kube-scheduler's `--kube-api-qps` default: binds and status writes, 50 a second...
+const SCHEDULER_QPS: f64 = 50.0;
+/// ... with `--kube-api-burst` 100.
+const SCHEDULER_BURST: u32 = 100;
 /// Kubernetes gives kube-controller-manager no group beyond `system:authenticated`.
 const CONTROLLER_MANAGER_GROUP: Option<&str> = None;
 /// The group of every service account, as a service-account token would carry it.
@@ -156,13 +176,29 @@ const CONTROLLER_NAMESPACE: &str = "kube-system";
 /// before the API stops: the Lease's renew deadline (10 s) is the most a term can take to end.
 const CONTROLLERS_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A client of the local apiserver as `user`, with a client certificate the cluster CA signs
-/// now. The certificates live in memory only and are made afresh on every leadership term.
+/// A controller's client of the local apiserver (see [`local_client`]), limited as
+/// kube-controller-manager's.
 fn controller_client(
     pki: &Pki,
     url: &str,
     user: &str,
     group: Option<&str>,
+) -> Result<skerry_client::Client> {
+    let rate = (
+        skerry_controllers::manager::CONTROLLER_QPS,
+        skerry_controllers::manager::CONTROLLER_BURST,
+    );
+    local_client(pki, url, user, group, rate)
+}
+
+/// A client of the local apiserver as `user`, with a client certificate the cluster CA signs
+/// now, sending at most `rate` = (QPS, burst). The certificates live in memory only.
+fn local_client(
+    pki: &Pki,
+    url: &str,
+    user: &str,
+    group: Option<&str>,
+    rate: (f64, u32),
 ) -> Result<skerry_client::Client> {
     let groups: Vec<&str> = group.into_iter().collect();
     let cert = pki
@@ -174,9 +210,8 @@ fn controller_client(
         cert_pem: cert.cert_pem,
         key_pem: cert.key_pem,
     };
-    config.qps = skerry_controllers::manager::CONTROLLER_QPS;
-    config.burst = skerry_controllers::manager::CONTROLLER_BURST;
-    config.user_agent = format!("skerry-controller-manager/{user}");
+    (config.qps, config.burst) = rate;
+    config.user_agent = format!("skerry/{user}");
     Ok(skerry_client::Client::new(config)?)
 }
 

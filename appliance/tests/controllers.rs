@@ -660,3 +660,155 @@ fn daemonsets_statefulsets_and_the_endpoints_of_a_service() {
     assert_eq!(port, "5432");
     drop(kubelet);
 }
+
+/// Two nodes with 2 CPUs each, as a kubelet would register them (no kubelet runs: the test
+/// writes their status itself).
+const TWO_NODES: &str = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: box-a
+  labels:
+    kubernetes.io/hostname: box-a
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: box-b
+  labels:
+    kubernetes.io/hostname: box-b
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata:
+  name: vip
+value: 1000
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 4
+  selector:
+    matchLabels:
+      app: web
+  template:
+    metadata:
+      labels:
+        app: web
+    spec:
+      containers:
+      - name: web
+        image: nginx:1.27
+        resources:
+          requests:
+            cpu: 700m
+"#;
+
+const NODE_STATUS: &str = r#"{"status":{"capacity":{"cpu":"2","memory":"4Gi","pods":"110"},"allocatable":{"cpu":"2","memory":"4Gi","pods":"110"},"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","lastHeartbeatTime":"2026-01-01T00:00:00Z","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#;
+
+fn pod(name: &str, cpu: &str, priority_class: Option<&str>) -> String {
+    let class = priority_class
+        .map(|c| format!("\n  priorityClassName: {c}"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:{class}\n  containers:\n  - name: c\n    image: busybox:1.36\n    resources:\n      requests:\n        cpu: {cpu}\n"
+    )
+}
+
+#[test]
+fn the_scheduler_binds_pods_reports_what_does_not_fit_and_preempts_by_priority() {
+    let kube = Kube::start(&[]);
+    let manifest = kube.path("cluster.yaml");
+    std::fs::write(&manifest, TWO_NODES).expect("write manifest");
+    kube.ok(&["apply", "-f", &manifest.display().to_string()]);
+    for node in ["box-a", "box-b"] {
+        kube.ok(&[
+            "patch",
+            "node",
+            node,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            NODE_STATUS,
+        ]);
+    }
+    // Four pods of 700m on two 2-CPU nodes: LeastAllocated spreads them two and two.
+    let placed = converge(
+        &kube,
+        &[
+            "get",
+            "pods",
+            "-l",
+            "app=web",
+            "-o",
+            r#"jsonpath={range .items[*]}{.spec.nodeName}{"\n"}{end}"#,
+        ],
+        "4 web pods bound",
+        |s| s.lines().filter(|l| !l.is_empty()).count() == 4,
+    );
+    let on_a = placed.lines().filter(|l| *l == "box-a").count();
+    assert_eq!(on_a, 2, "{placed}");
+    // A pod bigger than any node stays Pending, and says why.
+    let big = kube.path("big.yaml");
+    std::fs::write(&big, pod("big", "3", None)).expect("write pod");
+    kube.ok(&["apply", "-f", &big.display().to_string()]);
+    let described = converge(
+        &kube,
+        &["describe", "pod", "big"],
+        "FailedScheduling on the big pod",
+        |s| s.contains("FailedScheduling"),
+    );
+    assert!(
+        described.contains("0/2 nodes are available: 2 Insufficient cpu."),
+        "{described}"
+    );
+    // A high-priority pod that fits nowhere preempts: lower-priority victims on one node are
+    // deleted (gracefully: with no kubelet they stay Terminating) and the node is nominated.
+    let vip = kube.path("vip.yaml");
+    std::fs::write(&vip, pod("vip", "1200m", Some("vip"))).expect("write pod");
+    kube.ok(&["apply", "-f", &vip.display().to_string()]);
+    assert_eq!(
+        kube.ok(&["get", "pod", "vip", "-o", "jsonpath={.spec.priority}"]),
+        "1000"
+    );
+    let nominated = converge(
+        &kube,
+        &[
+            "get",
+            "pod",
+            "vip",
+            "-o",
+            "jsonpath={.status.nominatedNodeName}",
+        ],
+        "vip nominated to a node",
+        |s| s == "box-a" || s == "box-b",
+    );
+    let victims = converge(
+        &kube,
+        &[
+            "get",
+            "pods",
+            "-l",
+            "app=web",
+            "-o",
+            r#"jsonpath={range .items[?(@.metadata.deletionTimestamp)]}{.spec.nodeName}{"\n"}{end}"#,
+        ],
+        "victims terminating",
+        |s| !s.trim().is_empty(),
+    );
+    assert!(
+        victims.lines().all(|n| n == nominated),
+        "victims {victims:?} are on the nominated node {nominated}"
+    );
+    let events = kube.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "reason=Preempted",
+        "-o",
+        "name",
+    ]);
+    assert!(!events.trim().is_empty(), "no Preempted event");
+}

@@ -479,19 +479,25 @@ fn apply_get_patch_scale_label_and_delete() {
         "-n",
         "shop",
         "--cascade=orphan",
-        "--wait=false",
     ]);
-    assert_eq!(
-        k.ok(&[
-            "get",
-            "deploy",
-            "web",
-            "-n",
-            "shop",
-            "-o",
-            "jsonpath={.metadata.finalizers}"
-        ]),
-        r#"["orphan"]"#
+    // The garbage collector orphans the Deployment's ReplicaSet (removes its owner reference)
+    // before it lets the Deployment go; the ReplicaSet and its pods stay.
+    let err = k.fails(&["get", "deploy", "web", "-n", "shop"], None);
+    assert!(err.contains("NotFound"), "{err}");
+    let orphans = k.ok(&[
+        "get",
+        "rs",
+        "-n",
+        "shop",
+        "-l",
+        "app=web",
+        "-o",
+        r#"jsonpath={range .items[*]}{.metadata.name}={.metadata.ownerReferences}{"\n"}{end}"#,
+    ]);
+    assert!(!orphans.trim().is_empty(), "the ReplicaSet was deleted");
+    assert!(
+        orphans.lines().all(|l| l.ends_with('=')),
+        "owner references left: {orphans}"
     );
     assert!(
         k.ok(&[

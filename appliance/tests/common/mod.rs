@@ -225,13 +225,27 @@ impl Drop for Server {
     }
 }
 
-/// A port that was free a moment ago: bind port 0 and let the listener go.
+/// Where test servers' ports come from: below Linux's ephemeral range (32768-60999 by
+/// default), so no outgoing connection of any process — another test's clients, the
+/// controllers' loopback connections — is ever given one of them by the kernel. A port from
+/// `bind(0)` is ephemeral: a member restarted on "its" port could find it taken by some
+/// process's outgoing connection meanwhile, which made the restart tests flaky.
+const TEST_PORTS: std::ops::Range<u16> = 10_000..32_768;
+
+/// Picks tried before giving up: the range has 22,768 ports and the tests use a few hundred.
+const FREE_PORT_ATTEMPTS_MAX: usize = 1_000;
+
+/// A port outside the ephemeral range that was free a moment ago.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener
-        .local_addr()
-        .expect("a bound listener has an address")
-        .port()
+    use rand::Rng;
+    let mut rng = rand::rng();
+    for _ in 0..FREE_PORT_ATTEMPTS_MAX {
+        let port = rng.random_range(TEST_PORTS);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {TEST_PORTS:?} after {FREE_PORT_ATTEMPTS_MAX} tries");
 }
 
 /// Copies `source` into `log` line by line, keeping the last [`LOG_TAIL_BYTES_MAX`] bytes.

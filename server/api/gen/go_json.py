@@ -47,7 +47,9 @@ PACKAGES = {
     "api/coordination/v1": "io.k8s.api.coordination.v1",
     "api/core/v1": "io.k8s.api.core.v1",
     "api/discovery/v1": "io.k8s.api.discovery.v1",
+    "api/policy/v1": "io.k8s.api.policy.v1",
     "api/rbac/v1": "io.k8s.api.rbac.v1",
+    "api/scheduling/v1": "io.k8s.api.scheduling.v1",
     "apimachinery/meta/v1": "io.k8s.apimachinery.pkg.apis.meta.v1",
 }
 

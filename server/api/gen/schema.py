@@ -531,7 +531,7 @@ def camel(name):
 
 def catalogue_roots():
     text = open(CATALOGUE, encoding="utf-8").read()
-    kinds = re.findall(r'"(io\.k8s\.[\w.]+)"\)', text)
+    kinds = re.findall(r'"(io\.k8s\.[\w.]+)"\s*\)', text)
     if not kinds:
         sys.exit(f"{CATALOGUE}: no definitions found")
     roots = []

@@ -169,6 +169,14 @@ pub static RESOURCES: &[ResourceInfo] = &[
                 kind: "Binding",
                 group_version: None,
                 verbs: &["create"]
+            },
+            // `kubectl drain` finds it in discovery (`pods/eviction`, kind Eviction of
+            // policy/v1) and POSTs there; RBAC grants it as `create` on `pods/eviction`.
+            Subresource {
+                name: "eviction",
+                kind: "Eviction",
+                group_version: Some(("policy", "v1")),
+                verbs: &["create"]
             }
         ],
         "io.k8s.api.core.v1.Pod"
@@ -331,6 +339,19 @@ pub static RESOURCES: &[ResourceInfo] = &[
         "io.k8s.api.apps.v1.StatefulSet"
     ),
     resource!(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "poddisruptionbudget",
+        "PodDisruptionBudget",
+        true,
+        &["pdb"],
+        &[],
+        RW,
+        &[status("PodDisruptionBudget")],
+        "io.k8s.api.policy.v1.PodDisruptionBudget"
+    ),
+    resource!(
         "discovery.k8s.io",
         "v1",
         "endpointslices",
@@ -342,6 +363,19 @@ pub static RESOURCES: &[ResourceInfo] = &[
         RW,
         &[],
         "io.k8s.api.discovery.v1.EndpointSlice"
+    ),
+    resource!(
+        "scheduling.k8s.io",
+        "v1",
+        "priorityclasses",
+        "priorityclass",
+        "PriorityClass",
+        false,
+        &["pc"],
+        &[],
+        RW,
+        &[],
+        "io.k8s.api.scheduling.v1.PriorityClass"
     ),
     resource!(
         "coordination.k8s.io",

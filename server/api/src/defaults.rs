@@ -52,6 +52,10 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
+/// A PriorityClass's `preemptionPolicy` when unset (scheduling/v1
+/// `SetDefaults_PriorityClass`): pods of the class may preempt lower-priority pods.
+pub const PREEMPT_LOWER_PRIORITY: &str = "PreemptLowerPriority";
+
 /// Fills in the defaults of `obj`, an object of `resource`, in place.
 pub fn apply_defaults(resource: &ResourceInfo, obj: &mut Value) {
     if !obj.is_object() {
@@ -70,8 +74,10 @@ pub fn apply_defaults(resource: &ResourceInfo, obj: &mut Value) {
         ("apps", "StatefulSet") => default_stateful_set(obj),
         ("discovery.k8s.io", "EndpointSlice") => default_endpoint_slice(obj),
         ("rbac.authorization.k8s.io", "RoleBinding" | "ClusterRoleBinding") => default_binding(obj),
-        // ConfigMap, ServiceAccount, Event, Lease, Role, ClusterRole and
-        // SelfSubjectAccessReview have no defaults in Kubernetes 1.32.
+        ("scheduling.k8s.io", "PriorityClass") => default_priority_class(obj),
+        // ConfigMap, ServiceAccount, Event, Lease, Role, ClusterRole, PodDisruptionBudget
+        // (policy/v1 has no defaults.go) and SelfSubjectAccessReview have no defaults in
+        // Kubernetes 1.32.
         _ => {}
     }
 }
@@ -113,6 +119,13 @@ fn default_string(obj: &mut Value, key: &str, value: &str) {
             *slot = Value::String(value.to_string());
         }
     }
+}
+
+// ----- scheduling -----
+
+/// scheduling/v1 `SetDefaults_PriorityClass`.
+fn default_priority_class(obj: &mut Value) {
+    default_string(obj, "preemptionPolicy", PREEMPT_LOWER_PRIORITY);
 }
 
 // ----- pods -----
@@ -968,6 +981,24 @@ mod tests {
             "rbac.authorization.k8s.io"
         );
         assert!(binding["subjects"][1].get("apiGroup").is_none());
+    }
+
+    #[test]
+    fn priority_class_preempts_lower_priority_unless_told_otherwise() {
+        let info = lookup("scheduling.k8s.io", "v1", "priorityclasses").expect("served");
+        let mut class = json!({"metadata": {"name": "high"}, "value": 1000});
+        apply_defaults(info, &mut class);
+        assert_eq!(class["preemptionPolicy"], "PreemptLowerPriority");
+        let mut never =
+            json!({"metadata": {"name": "batch"}, "value": 1, "preemptionPolicy": "Never"});
+        apply_defaults(info, &mut never);
+        assert_eq!(never["preemptionPolicy"], "Never");
+        // A PDB has no defaults: what the user wrote is what is stored.
+        let pdb_info = lookup("policy", "v1", "poddisruptionbudgets").expect("served");
+        let written = json!({"metadata": {"name": "p"}, "spec": {"minAvailable": 1}});
+        let mut pdb = written.clone();
+        apply_defaults(pdb_info, &mut pdb);
+        assert_eq!(pdb, written);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! and this maps it to the k8s-openapi type that [`crate::strict`] decodes into.
 
 use k8s_openapi::api::{
-    apps, authentication, authorization, autoscaling, coordination, core, discovery, rbac,
+    apps, authentication, authorization, autoscaling, coordination, core, discovery, policy, rbac,
+    scheduling,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions;
 
@@ -36,6 +37,8 @@ macro_rules! kinds {
             "io.k8s.api.apps.v1.ReplicaSet" => apps::v1::ReplicaSet,
             "io.k8s.api.apps.v1.DaemonSet" => apps::v1::DaemonSet,
             "io.k8s.api.apps.v1.StatefulSet" => apps::v1::StatefulSet,
+            "io.k8s.api.policy.v1.PodDisruptionBudget" => policy::v1::PodDisruptionBudget,
+            "io.k8s.api.scheduling.v1.PriorityClass" => scheduling::v1::PriorityClass,
             "io.k8s.api.discovery.v1.EndpointSlice" => discovery::v1::EndpointSlice,
             "io.k8s.api.coordination.v1.Lease" => coordination::v1::Lease,
             "io.k8s.api.rbac.v1.Role" => rbac::v1::Role,

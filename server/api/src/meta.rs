@@ -1,6 +1,12 @@
 //! Object metadata the server owns: what a create fills in (uid, creationTimestamp,
 //! generateName, generation) and what an update may not change, as Kubernetes'
 //! `BeforeCreate`/`BeforeUpdate` and the per-kind strategies do it.
+//!
+//! `metadata.generation` follows each kind's Kubernetes strategy ([`generation_policy`]):
+//! `PrepareForCreate` sets 1 and `PrepareForUpdate` decides what counts as a change of the
+//! desired state. Controllers compare it with their `status.observedGeneration` (the
+//! disruption controller, `kubectl rollout status`), so a kind must bump it exactly when
+//! Kubernetes does — no more (a status write must not look like a new spec), no less.
 
 use rand::Rng;
 use serde_json::{Map, Value, json};
@@ -22,6 +28,30 @@ pub fn now() -> String {
     let now = jiff::Timestamp::now();
     let secs = jiff::Timestamp::from_second(now.as_second()).unwrap_or(now);
     secs.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// ObjectMeta's list and map fields Kubernetes serializes with `omitempty`: an empty one is
+/// absent from every answer, so `ownerReferences: []` left by a patch that removed the last
+/// owner reads back as no field at all, as clients expect.
+const OMIT_WHEN_EMPTY: [&str; 5] = [
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
+];
+
+/// Removes the [`OMIT_WHEN_EMPTY`] fields that are empty (or null).
+fn drop_empty_fields(meta: &mut Map<String, Value>) {
+    meta.retain(|key, value| {
+        !OMIT_WHEN_EMPTY.contains(&key.as_str())
+            || match value {
+                Value::Null => false,
+                Value::Array(a) => !a.is_empty(),
+                Value::Object(o) => !o.is_empty(),
+                _ => true,
+            }
+    });
 }
 
 fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
@@ -53,6 +83,7 @@ pub fn prepare_create(
     url_namespace: Option<&str>,
 ) -> Result<(), ApiError> {
     let meta = metadata_mut(obj);
+    drop_empty_fields(meta);
     if resource.namespaced {
         let ns = url_namespace.unwrap_or("");
         match meta.get("namespace").and_then(Value::as_str) {
@@ -119,10 +150,53 @@ pub fn prepare_create(
     Ok(())
 }
 
-/// Kinds whose `metadata.generation` counts spec changes (controllers compare it with
-/// `status.observedGeneration`; `kubectl rollout status` waits on it).
+/// How a kind's `metadata.generation` moves, as its Kubernetes strategy
+/// (`pkg/registry/<group>/<kind>/strategy.go`, 1.32) moves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GenerationPolicy {
+    /// Never set: the strategy leaves it alone (pods in 1.32, services, config maps, RBAC,
+    /// leases, ...).
+    Untracked,
+    /// 1 on create and never bumped by an update: PriorityClass, whose `PrepareForUpdate` is
+    /// empty.
+    CreateOnly,
+    /// Bumped when `spec` changes: Deployment (see [`generation_policy`] for its
+    /// annotations), ReplicaSet, StatefulSet, DaemonSet, PodDisruptionBudget, Job, CronJob,
+    /// Ingress, IngressClass, NetworkPolicy.
+    Spec,
+    /// Bumped when anything but metadata changes, or the labels do: EndpointSlice, whose
+    /// data sits at the top level beside `metadata` and which has no status.
+    ContentOrLabels,
+}
+
+/// The generation policy of `resource` (kinds skerry does not serve yet are listed too, so
+/// serving them later gets their Kubernetes behaviour with no change here).
+///
+/// Known gap: Kubernetes' Deployment strategy also bumps on a change of
+/// `metadata.annotations` (they are copied onto the ReplicaSets). Its controller writes its
+/// own `deployment.kubernetes.io/revision` annotation through `/status`, whose strategy keeps
+/// the new annotations without a bump; skerry's `/status` keeps nothing but the status (see
+/// [`prepare_update`]), so skerry's controller writes that annotation with a main-resource
+/// update, and counting annotations here would bump the generation on every rollout step.
+/// Deployments count their spec only until `/status` keeps metadata as Kubernetes' status
+/// strategies do and the controller moves its annotation write there.
+pub fn generation_policy(resource: &ResourceInfo) -> GenerationPolicy {
+    match (resource.group, resource.resource) {
+        ("apps", "deployments" | "replicasets" | "statefulsets" | "daemonsets")
+        | ("policy", "poddisruptionbudgets")
+        | ("batch", "jobs" | "cronjobs")
+        | ("networking.k8s.io", "ingresses" | "ingressclasses" | "networkpolicies") => {
+            GenerationPolicy::Spec
+        }
+        ("discovery.k8s.io", "endpointslices") => GenerationPolicy::ContentOrLabels,
+        ("scheduling.k8s.io", "priorityclasses") => GenerationPolicy::CreateOnly,
+        _ => GenerationPolicy::Untracked,
+    }
+}
+
+/// Kinds that carry a `metadata.generation` at all (set to 1 on create).
 pub fn tracks_generation(resource: &ResourceInfo) -> bool {
-    resource.group == "apps"
+    generation_policy(resource) != GenerationPolicy::Untracked
 }
 
 /// Builds the object an update stores from the old one and what the client sent:
@@ -160,6 +234,7 @@ pub fn prepare_update(
     }
     let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
     let meta = metadata_mut(new);
+    drop_empty_fields(meta);
     for key in [
         "uid",
         "creationTimestamp",
@@ -175,7 +250,7 @@ pub fn prepare_update(
         };
     }
     meta.remove("resourceVersion");
-    if tracks_generation(resource) && spec_changed(old, new) {
+    if desired_state_changed(generation_policy(resource), old, new) {
         let generation = old_meta
             .get("generation")
             .and_then(Value::as_i64)
@@ -184,17 +259,63 @@ pub fn prepare_update(
     }
 }
 
-/// Whether anything but metadata and status differs.
-fn spec_changed(old: &Value, new: &Value) -> bool {
-    let strip = |v: &Value| {
-        let mut v = v.clone();
-        if let Some(o) = v.as_object_mut() {
-            o.remove("metadata");
-            o.remove("status");
+/// Whether `new` changes what `policy` counts as the desired state of `old`.
+fn desired_state_changed(policy: GenerationPolicy, old: &Value, new: &Value) -> bool {
+    let field = |v: &Value, pointer: &str| {
+        let found = semantic(v.pointer(pointer).unwrap_or(&Value::Null));
+        if is_empty_value(&found) {
+            Value::Null
+        } else {
+            found
         }
-        v
     };
-    strip(old) != strip(new)
+    let spec = || field(old, "/spec") != field(new, "/spec");
+    match policy {
+        GenerationPolicy::Untracked | GenerationPolicy::CreateOnly => false,
+        GenerationPolicy::Spec => spec(),
+        GenerationPolicy::ContentOrLabels => {
+            // The strategy blanks `ObjectMeta` on both sides and compares the rest; the type
+            // meta is not part of the stored object's content.
+            let content = |v: &Value| {
+                let mut v = v.clone();
+                if let Some(o) = v.as_object_mut() {
+                    for key in ["metadata", "apiVersion", "kind"] {
+                        o.remove(key);
+                    }
+                }
+                let v = semantic(&v);
+                if is_empty_value(&v) { Value::Null } else { v }
+            };
+            content(old) != content(new)
+                || field(old, "/metadata/labels") != field(new, "/metadata/labels")
+        }
+    }
+}
+
+/// `value` as Kubernetes' `apiequality.Semantic.DeepEqual` sees it after decoding into Go
+/// types: a `null` field is an absent one, and so is an empty list (a nil slice equals an
+/// empty one) or an empty map. (A pointer to an empty struct, which Go tells apart from nil,
+/// is the one case this cannot see from JSON; it is treated as absent too.)
+fn semantic(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), semantic(v)))
+                .filter(|(_, v)| !is_empty_value(v))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(semantic).collect()),
+        other => other.clone(),
+    }
+}
+
+fn is_empty_value(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -249,5 +370,121 @@ mod tests {
         let mut same = old.clone();
         prepare_update(deploy, &old, &mut same, None);
         assert_eq!(same["metadata"]["generation"], 3);
+    }
+
+    /// The generation an update of `old` to `new` leaves on `resource`.
+    fn generation_after(resource: &ResourceInfo, old: &Value, mut new: Value) -> Value {
+        prepare_update(resource, old, &mut new, None);
+        new["metadata"]
+            .get("generation")
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    // Reference: Kubernetes 1.32 pkg/registry/policy/poddisruptionbudget/strategy.go.
+    #[test]
+    fn a_pdb_counts_spec_changes_only() {
+        let pdbs = lookup("policy", "v1", "poddisruptionbudgets").expect("pdbs");
+        let mut created = json!({"metadata": {"name": "web"}, "spec": {"maxUnavailable": 1},
+            "status": {"disruptionsAllowed": 5}});
+        prepare_create(pdbs, &mut created, Some("default")).expect("create");
+        assert_eq!(created["metadata"]["generation"], 1);
+        assert!(
+            created.get("status").is_none(),
+            "a create may not set status"
+        );
+        let old =
+            json!({"metadata": {"name": "web", "generation": 1}, "spec": {"maxUnavailable": 1}});
+        let mut spec = old.clone();
+        spec["spec"]["maxUnavailable"] = json!(2);
+        assert_eq!(generation_after(pdbs, &old, spec), 2);
+        let mut labels = old.clone();
+        labels["metadata"]["labels"] = json!({"tier": "web"});
+        assert_eq!(generation_after(pdbs, &old, labels), 1);
+        // The disruption controller's status write leaves the generation alone, so its
+        // observedGeneration can catch up.
+        let mut status = old.clone();
+        status["status"] = json!({"observedGeneration": 1, "disruptionsAllowed": 1});
+        prepare_update(pdbs, &old, &mut status, Some("status"));
+        assert_eq!(status["metadata"]["generation"], 1);
+    }
+
+    #[test]
+    fn workloads_count_spec_changes_not_metadata() {
+        for resource in ["deployments", "replicasets", "statefulsets", "daemonsets"] {
+            let workloads = lookup("apps", "v1", resource).expect("served");
+            let old = json!({"metadata": {"name": "d", "generation": 2, "labels": {"a": "b"}},
+                "spec": {"replicas": 1, "template": {"spec": {"tolerations": []}}}});
+            let mut scaled = old.clone();
+            scaled["spec"]["replicas"] = json!(2);
+            assert_eq!(generation_after(workloads, &old, scaled), 3, "{resource}");
+            let mut relabelled = old.clone();
+            relabelled["metadata"]["labels"] = json!({"a": "c"});
+            relabelled["metadata"]["annotations"] =
+                json!({"deployment.kubernetes.io/revision": "2"});
+            assert_eq!(
+                generation_after(workloads, &old, relabelled),
+                2,
+                "{resource}"
+            );
+            // An empty list is no list at all (Go's nil slice equals an empty one).
+            let mut no_tolerations = old.clone();
+            no_tolerations["spec"]["template"]["spec"] = json!({});
+            assert_eq!(
+                generation_after(workloads, &old, no_tolerations),
+                2,
+                "{resource}"
+            );
+        }
+    }
+
+    // Reference: Kubernetes 1.32 pkg/registry/discovery/endpointslice/strategy.go.
+    #[test]
+    fn an_endpoint_slice_counts_everything_but_metadata_and_its_labels() {
+        let slices = lookup("discovery.k8s.io", "v1", "endpointslices").expect("slices");
+        let mut created =
+            json!({"metadata": {"name": "s"}, "addressType": "IPv4", "endpoints": []});
+        prepare_create(slices, &mut created, Some("default")).expect("create");
+        assert_eq!(created["metadata"]["generation"], 1);
+        let old = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "s", "generation": 1, "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4", "endpoints": [{"addresses": ["10.0.0.1"]}]});
+        let mut endpoints = old.clone();
+        endpoints["endpoints"] = json!([{"addresses": ["10.0.0.2"]}]);
+        assert_eq!(generation_after(slices, &old, endpoints), 2);
+        let mut labels = old.clone();
+        labels["metadata"]["labels"]["extra"] = json!("x");
+        assert_eq!(generation_after(slices, &old, labels), 2);
+        let mut annotations = old.clone();
+        annotations["metadata"]["annotations"] = json!({"note": "x"});
+        assert_eq!(generation_after(slices, &old, annotations), 1);
+        // `ports: null` is no ports, as in Go.
+        let mut null_ports = old.clone();
+        null_ports["ports"] = Value::Null;
+        assert_eq!(generation_after(slices, &old, null_ports), 1);
+    }
+
+    // Reference: Kubernetes 1.32 pkg/registry/scheduling/priorityclass/strategy.go.
+    #[test]
+    fn a_priority_class_starts_at_one_and_stays_there() {
+        let classes = lookup("scheduling.k8s.io", "v1", "priorityclasses").expect("classes");
+        let mut created = json!({"metadata": {"name": "high"}, "value": 1000});
+        prepare_create(classes, &mut created, None).expect("create");
+        assert_eq!(created["metadata"]["generation"], 1);
+        let mut described = created.clone();
+        described["description"] = json!("for the web tier");
+        assert_eq!(generation_after(classes, &created, described), 1);
+    }
+
+    #[test]
+    fn untracked_kinds_carry_no_generation() {
+        let pods = lookup("", "v1", "pods").expect("pods");
+        let mut pod = json!({"metadata": {"name": "p", "generation": 7}, "spec": {}});
+        prepare_create(pods, &mut pod, Some("default")).expect("create");
+        assert!(pod["metadata"].get("generation").is_none());
+        let old = json!({"metadata": {"name": "p"}, "spec": {"activeDeadlineSeconds": 5}});
+        let mut new = old.clone();
+        new["spec"]["activeDeadlineSeconds"] = json!(4);
+        assert_eq!(generation_after(pods, &old, new), Value::Null);
     }
 }

@@ -95,6 +95,69 @@ impl LabelSelector {
     pub fn is_empty(&self) -> bool {
         self.requirements.is_empty()
     }
+
+    /// Converts a `metav1.LabelSelector` object (`matchLabels` + `matchExpressions`), as
+    /// Kubernetes' `LabelSelectorAsSelector` does for a non-nil selector: an empty selector
+    /// selects everything. (A *nil* selector selects nothing in Kubernetes; the caller, which
+    /// holds the `Option`, decides that case.)
+    ///
+    /// Errors (400) mirror Kubernetes' `labels.NewRequirement`: an unknown operator, values
+    /// given to `Exists`/`DoesNotExist`, no values for `In`/`NotIn`, a bad key or value.
+    pub fn from_api(
+        selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    ) -> Result<Self, ApiError> {
+        let bad = |msg: String| ApiError::bad_request(format!("invalid label selector: {msg}"));
+        let labels = selector.match_labels.iter().flatten();
+        let expressions = selector.match_expressions.iter().flatten();
+        if labels.clone().count() + expressions.clone().count() > SELECTOR_REQUIREMENTS_MAX {
+            return Err(bad(format!(
+                "more than {SELECTOR_REQUIREMENTS_MAX} requirements"
+            )));
+        }
+        let mut requirements = Vec::new();
+        for (key, value) in labels {
+            if !valid_key(key) {
+                return Err(bad(format!("invalid label key {key:?}")));
+            }
+            if !valid_value(value) {
+                return Err(bad(format!("invalid label value: {value:?}")));
+            }
+            requirements.push((key.clone(), LabelOp::Equals(value.clone())));
+        }
+        for expression in expressions {
+            let key = &expression.key;
+            if !valid_key(key) {
+                return Err(bad(format!("invalid label key {key:?}")));
+            }
+            let values = expression.values.clone().unwrap_or_default();
+            if let Some(v) = values.iter().find(|v| !valid_value(v)) {
+                return Err(bad(format!("invalid label value: {v:?}")));
+            }
+            let op = match expression.operator.as_str() {
+                "In" | "NotIn" if values.is_empty() => {
+                    return Err(bad(
+                        "for 'in', 'notin' operators, values set can't be empty".into(),
+                    ));
+                }
+                "Exists" | "DoesNotExist" if !values.is_empty() => {
+                    return Err(bad(
+                        "values set must be empty for exists and does not exist".into(),
+                    ));
+                }
+                "In" => LabelOp::In(values),
+                "NotIn" => LabelOp::NotIn(values),
+                "Exists" => LabelOp::Exists,
+                "DoesNotExist" => LabelOp::DoesNotExist,
+                other => {
+                    return Err(bad(format!(
+                        "{other:?} is not a valid label selector operator"
+                    )));
+                }
+            };
+            requirements.push((key.clone(), op));
+        }
+        Ok(Self { requirements })
+    }
 }
 
 /// An object's `metadata.labels` as a map.
@@ -354,6 +417,65 @@ mod tests {
         for bad in ["a=b,,c", "x in ()", "x in a", "a=b c", "k=v!"] {
             let e = LabelSelector::parse(bad).expect_err(bad);
             assert_eq!(e.code, 400, "{bad}");
+        }
+    }
+
+    #[test]
+    fn api_label_selectors_convert_and_match() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+            LabelSelector as ApiSelector, LabelSelectorRequirement,
+        };
+        let requirement = |key: &str, operator: &str, values: &[&str]| LabelSelectorRequirement {
+            key: key.into(),
+            operator: operator.into(),
+            values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+        };
+        let api = ApiSelector {
+            match_labels: Some([("app".to_string(), "web".to_string())].into()),
+            match_expressions: Some(vec![
+                requirement("env", "In", &["prod", "staging"]),
+                requirement("tier", "NotIn", &["db"]),
+                requirement("team", "Exists", &[]),
+                requirement("canary", "DoesNotExist", &[]),
+            ]),
+        };
+        let s = LabelSelector::from_api(&api).expect("valid");
+        assert_eq!(s.requirements.len(), 5);
+        assert!(s.matches(&labels(&[("app", "web"), ("env", "prod"), ("team", "a")])));
+        assert!(!s.matches(&labels(&[("app", "web"), ("env", "dev"), ("team", "a")])));
+        assert!(!s.matches(&labels(&[
+            ("app", "web"),
+            ("env", "prod"),
+            ("tier", "db"),
+            ("team", "a")
+        ])));
+        assert!(!s.matches(&labels(&[
+            ("app", "web"),
+            ("env", "prod"),
+            ("team", "a"),
+            ("canary", "1")
+        ])));
+        assert!(!s.matches(&labels(&[("env", "prod"), ("team", "a")])));
+        // An empty (non-nil) selector selects everything.
+        assert!(
+            LabelSelector::from_api(&ApiSelector::default())
+                .expect("empty")
+                .matches(&labels(&[]))
+        );
+        for bad in [
+            requirement("a", "In", &[]),
+            requirement("a", "Exists", &["x"]),
+            requirement("a", "Equals", &["x"]),
+            requirement("bad key", "Exists", &[]),
+        ] {
+            let api = ApiSelector {
+                match_labels: None,
+                match_expressions: Some(vec![bad]),
+            };
+            assert_eq!(
+                LabelSelector::from_api(&api).expect_err("invalid").code,
+                400
+            );
         }
     }
 

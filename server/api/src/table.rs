@@ -423,6 +423,45 @@ pub fn column_definitions(resource: &ResourceInfo) -> Value {
             ),
             age_column(),
         ],
+        ("scheduling.k8s.io", "priorityclasses") => vec![
+            name_column(),
+            column("Value", i, PRIORITY_CLASS_VALUE_DESCRIPTION, 0),
+            column(
+                "Global-Default",
+                "boolean",
+                PRIORITY_CLASS_GLOBAL_DEFAULT_DESCRIPTION,
+                0,
+            ),
+            age_column(),
+            column(
+                "PreemptionPolicy",
+                s,
+                PRIORITY_CLASS_PREEMPTION_POLICY_DESCRIPTION,
+                0,
+            ),
+        ],
+        ("policy", "poddisruptionbudgets") => vec![
+            name_column(),
+            column(
+                "Min Available",
+                s,
+                "The minimum number of pods that must be available.",
+                0,
+            ),
+            column(
+                "Max Unavailable",
+                s,
+                "The maximum number of pods that may be unavailable.",
+                0,
+            ),
+            column(
+                "Allowed Disruptions",
+                i,
+                "Calculated number of pods that may be disrupted at this time.",
+                0,
+            ),
+            age_column(),
+        ],
         // Roles, ClusterRoles, and any resource without a printer: Kubernetes' default table.
         _ => vec![
             name_column(),
@@ -431,6 +470,11 @@ pub fn column_definitions(resource: &ResourceInfo) -> Value {
     };
     Value::Array(columns)
 }
+
+/// scheduling/v1 `PriorityClass` SwaggerDoc for the columns kubectl shows.
+const PRIORITY_CLASS_VALUE_DESCRIPTION: &str = "value represents the integer value of this priority class. This is the actual priority that pods receive when they have the name of this class in their pod spec.";
+const PRIORITY_CLASS_GLOBAL_DEFAULT_DESCRIPTION: &str = "globalDefault specifies whether this PriorityClass should be considered as the default priority for pods that do not have any priority class. Only one PriorityClass can be marked as `globalDefault`. However, if more than one PriorityClasses exists with their `globalDefault` field set to true, the smallest value of such global default PriorityClasses will be used as the default priority.";
+const PRIORITY_CLASS_PREEMPTION_POLICY_DESCRIPTION: &str = "preemptionPolicy is the Policy for preempting pods with lower priority. One of Never, PreemptLowerPriority. Defaults to PreemptLowerPriority if unset.";
 
 const NODE_ADDRESSES_DESCRIPTION: &str = "List of addresses reachable to the node. Queried from cloud provider, if available. More info: https://kubernetes.io/docs/reference/node/node-status/#addresses Note: This field is declared as mergeable, but the merge key is not sufficiently unique, which can cause data corruption when it is merged. Callers should instead use a full-replacement patch. See https://pr.k8s.io/79391 for an example. Consumers should assume that addresses can change during the lifetime of a Node. However, there are some exceptions where this may not be possible, such as Pods that inherit a Node's address in its own status or consumers of the downward API (status.hostIP).";
 
@@ -476,7 +520,35 @@ pub fn row_cells(resource: &ResourceInfo, obj: &Value, now: SystemTime) -> Vec<V
             json!(format_slice_endpoints(list(obj, "/endpoints"))),
             ctx.age(),
         ],
+        ("scheduling.k8s.io", "priorityclasses") => vec![
+            ctx.name(),
+            json!(int(obj, "/value")),
+            json!(
+                obj.get("globalDefault")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false)
+            ),
+            ctx.age(),
+            json!(text(obj, "/preemptionPolicy")),
+        ],
+        ("policy", "poddisruptionbudgets") => vec![
+            ctx.name(),
+            json!(int_or_string_or_na(obj.pointer("/spec/minAvailable"))),
+            json!(int_or_string_or_na(obj.pointer("/spec/maxUnavailable"))),
+            json!(int(obj, "/status/disruptionsAllowed")),
+            ctx.age(),
+        ],
         _ => vec![ctx.name(), json!(created_at(obj))],
+    }
+}
+
+/// A PDB amount as printPodDisruptionBudget shows it: the IntOrString's `String()`, or `N/A`
+/// when unset.
+fn int_or_string_or_na(value: Option<&Value>) -> String {
+    match value {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => "N/A".to_string(),
     }
 }
 
@@ -1321,6 +1393,60 @@ mod tests {
         let pods = column_definitions(resource("", "pods"));
         assert_eq!(pods[0]["format"], "name");
         assert_eq!(pods[3]["type"], "string");
+    }
+
+    // Reference: `kubectl get pc` and `kubectl get pdb` on 1.32.
+    #[test]
+    fn priority_class_and_pdb_rows_read_like_kubectl() {
+        assert_eq!(
+            names(resource("scheduling.k8s.io", "priorityclasses")),
+            ["NAME", "VALUE", "GLOBAL-DEFAULT", "AGE", "PREEMPTIONPOLICY"]
+        );
+        let class = json!({
+            "metadata": {"name": "system-node-critical", "creationTimestamp": "2024-06-01T11:59:00Z"},
+            "value": 2_000_001_000, "preemptionPolicy": "PreemptLowerPriority",
+        });
+        let pc = resource("scheduling.k8s.io", "priorityclasses");
+        assert_eq!(
+            row_cells(pc, &class, now()),
+            vec![
+                json!("system-node-critical"),
+                json!(2_000_001_000),
+                json!(false),
+                json!("60s"),
+                json!("PreemptLowerPriority")
+            ]
+        );
+        assert_eq!(
+            names(resource("policy", "poddisruptionbudgets")),
+            [
+                "NAME",
+                "MIN AVAILABLE",
+                "MAX UNAVAILABLE",
+                "ALLOWED DISRUPTIONS",
+                "AGE"
+            ]
+        );
+        let pdb = json!({
+            "metadata": {"name": "web", "creationTimestamp": "2024-06-01T11:59:00Z"},
+            "spec": {"maxUnavailable": "25%"}, "status": {"disruptionsAllowed": 1},
+        });
+        let cells = row_cells(resource("policy", "poddisruptionbudgets"), &pdb, now());
+        assert_eq!(
+            cells,
+            vec![
+                json!("web"),
+                json!("N/A"),
+                json!("25%"),
+                json!(1),
+                json!("60s")
+            ]
+        );
+        let floor = json!({"metadata": {"name": "db"}, "spec": {"minAvailable": 2}});
+        let cells = row_cells(resource("policy", "poddisruptionbudgets"), &floor, now());
+        assert_eq!(cells[1], json!("2"));
+        assert_eq!(cells[2], json!("N/A"));
+        assert_eq!(cells[3], json!(0));
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! What a new cluster's apiserver writes once: the four system namespaces, the bootstrap
-//! RBAC policy (default ClusterRoles with their aggregated rules, and their bindings) and the
+//! RBAC policy (default ClusterRoles with their aggregated rules, and their bindings), the
+//! built-in PriorityClasses (`system-node-critical`, `system-cluster-critical`) and the
 //! `kubernetes` Service. Each
 //! object is created only if missing, so restarts and the other members' apiservers (which
 //! all run this) change nothing that exists — a user's edit of a default role survives.
 
 use serde_json::{Value, json};
 use skerry_api::catalogue::lookup;
+use skerry_api::validation::scheduling::SYSTEM_PRIORITY_CLASSES;
 use skerry_api::{ApiError, meta};
 use skerry_store::Store;
 
@@ -105,6 +107,22 @@ pub async fn bootstrap(store: &Store, cidr: &ServiceCidr, api_port: u16) -> Resu
             "clusterrolebindings",
             "rbac.authorization.k8s.io",
             value,
+        )
+        .await?;
+    }
+    // kube-apiserver's `scheduling/bootstrap-system-priority-classes` post-start hook.
+    for class in SYSTEM_PRIORITY_CLASSES {
+        create_if_missing(
+            store,
+            "priorityclasses",
+            "scheduling.k8s.io",
+            json!({
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": class.name},
+                "value": class.value,
+                "description": class.description,
+            }),
         )
         .await?;
     }

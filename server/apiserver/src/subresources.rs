@@ -1,6 +1,14 @@
 //! Subresources with their own shapes: `scale` (autoscaling/v1 Scale over a workload's
-//! replicas), `pods/binding` (the scheduler's write), `serviceaccounts/token`
+//! replicas), `pods/binding` (the scheduler's write), `pods/eviction` (a deletion that
+//! honours PodDisruptionBudgets: `kubectl drain`), `serviceaccounts/token`
 //! (`kubectl create token`) and SelfSubjectAccessReview (`kubectl auth can-i`).
+//!
+//! Eviction invariant: a pod covered by a budget is deleted only after that budget's
+//! `status.disruptionsAllowed` was decremented by a compare-and-swap on the PDB's
+//! resourceVersion, with the pod recorded in `status.disruptedPods` — so two evictions
+//! racing for the last allowed disruption cannot both win, and the disruption controller
+//! (which recomputes the budget from the pods it sees) does not count the pod as healthy
+//! while its deletion is on the way.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -15,7 +23,7 @@ use crate::auth::serviceaccount::{EXPIRATION_DEFAULT, EXPIRATION_MIN, TokenReque
 use crate::handler::{ApiServer, Request};
 use crate::response::{self, Body};
 use crate::storage::{self, WriteError};
-use crate::verbs::{current, name_of, write_update};
+use crate::verbs::{current, delete_one, name_of, write_update};
 use crate::watch_cache::object::CachedObject;
 
 /// Times a scale or binding write is retried on a conflict (as patches are).
@@ -298,6 +306,509 @@ pub async fn bind(
     Ok(response::json(201, &skerry_api::status::success(None), &[]))
 }
 
+// ----- pods/eviction -----
+
+/// Most pods a PDB's `status.disruptedPods` may hold before evictions under it are refused
+/// (Kubernetes' `MaxDisruptedPodSize`): that many approved evictions not yet confirmed by the
+/// disruption controller means it is not keeping up, and approving more could overrun the
+/// budget. The controller drops entries after its own timeout, so this heals by itself.
+const DISRUPTED_PODS_MAX: usize = 2000;
+
+/// Attempts of one eviction step that loses a compare-and-swap (Kubernetes' `EvictionsRetry`:
+/// 20 steps 500 ms apart with 10 % jitter, about 10 s in all): long enough to ride out the
+/// disruption controller's own status writes to the same PDB, short enough that a client
+/// (kubectl drain retries on its own) is not held for long.
+const EVICTION_ATTEMPTS_MAX: usize = 20;
+/// The pause between two attempts (`EvictionsRetry.Duration`).
+const EVICTION_RETRY_INTERVAL: Duration = Duration::from_millis(500);
+/// Extra random share of the pause (`EvictionsRetry.Jitter`), so that evictions racing for
+/// one budget do not retry in lockstep.
+const EVICTION_RETRY_JITTER: f64 = 0.1;
+
+/// `retryAfterSeconds` of the 429 for a budget the disruption controller has not processed
+/// yet (Kubernetes' `createTooManyRequestsError`: a small hint that stops well-behaved
+/// clients from hammering the server while the controller catches up).
+const PDB_PROCESSING_RETRY_AFTER_SECONDS: u32 = 10;
+
+/// Kubernetes' words for an eviction the budget does not allow now.
+const EVICTION_BLOCKED: &str = "Cannot evict pod as it would violate the pod's disruption budget.";
+/// Kubernetes' words for a pod under two or more budgets.
+const MULTIPLE_PDBS: &str = "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.";
+/// The `details.causes[].reason` of a budget refusal (policy/v1 `DisruptionBudgetCause`).
+const DISRUPTION_BUDGET_CAUSE: &str = "DisruptionBudget";
+/// The PDB condition the eviction updates when it spends the last disruption (policy/v1
+/// `DisruptionAllowedCondition`, with `InsufficientPodsReason`).
+const DISRUPTION_ALLOWED_CONDITION: &str = "DisruptionAllowed";
+const INSUFFICIENT_PODS_REASON: &str = "InsufficientPods";
+/// `spec.unhealthyPodEvictionPolicy` that lets a not-ready pod go whatever the budget says.
+const ALWAYS_ALLOW: &str = "AlwaysAllow";
+
+/// The 429 of an eviction the budget refuses, `Too many requests: ...` as Kubernetes'
+/// `NewTooManyRequests` words it, with the budget named in a `DisruptionBudget` cause.
+/// `retry_after_seconds` 0 leaves the hint out, as Kubernetes omits a zero.
+fn budget_refusal(cause: String, retry_after_seconds: u32) -> ApiError {
+    let mut e = ApiError::new(
+        429,
+        "TooManyRequests",
+        format!("Too many requests: {EVICTION_BLOCKED}"),
+    );
+    e.retry_after_seconds = Some(retry_after_seconds).filter(|s| *s > 0);
+    e.causes
+        .push(skerry_api::Cause::new(DISRUPTION_BUDGET_CAUSE, "", cause));
+    e
+}
+
+/// The 429 for a budget whose spec changed since the disruption controller last computed
+/// its status (`observedGeneration` behind `generation`), or whose pod changed under the
+/// eviction: its numbers cannot be trusted yet.
+fn budget_being_processed(pdb_name: &str) -> ApiError {
+    budget_refusal(
+        format!("The disruption budget {pdb_name} is still being processed by the server."),
+        PDB_PROCESSING_RETRY_AFTER_SECONDS,
+    )
+}
+
+/// A 403 about a budget, as Kubernetes words it (`policy.Resource("poddisruptionbudget")`,
+/// singular, is what Kubernetes names).
+fn budget_forbidden(pdb_name: &str, reason: &str) -> ApiError {
+    let mut e = ApiError::forbidden(format!(
+        "poddisruptionbudget.policy {pdb_name:?} is forbidden: {reason}"
+    ));
+    e.group = Some("policy".into());
+    e.kind = Some("poddisruptionbudget".into());
+    e.name = Some(pdb_name.into());
+    e
+}
+
+fn int_at(value: &Value, pointer: &str) -> i64 {
+    value.pointer(pointer).and_then(Value::as_i64).unwrap_or(0)
+}
+
+/// Kubernetes' `checkAndDecrement` on one budget, as a pure step: the budget's next status
+/// (one disruption fewer, `pod` listed in `disruptedPods` at `now`), or the refusal.
+pub fn check_and_decrement(pdb: &Value, pod: &str, now: &str) -> Result<Value, ApiError> {
+    let name = meta::name(pdb);
+    if int_at(pdb, "/status/observedGeneration") < int_at(pdb, "/metadata/generation") {
+        return Err(budget_being_processed(name));
+    }
+    let allowed = int_at(pdb, "/status/disruptionsAllowed");
+    if allowed < 0 {
+        return Err(budget_forbidden(
+            name,
+            "pdb disruptions allowed is negative",
+        ));
+    }
+    let disrupted = pdb
+        .pointer("/status/disruptedPods")
+        .and_then(Value::as_object)
+        .map_or(0, serde_json::Map::len);
+    if disrupted > DISRUPTED_PODS_MAX {
+        return Err(budget_forbidden(
+            name,
+            "DisruptedPods map too big - too many evictions not confirmed by PDB controller",
+        ));
+    }
+    if allowed == 0 {
+        return Err(budget_refusal(
+            format!(
+                "The disruption budget {name} needs {} healthy pods and has {} currently",
+                int_at(pdb, "/status/desiredHealthy"),
+                int_at(pdb, "/status/currentHealthy"),
+            ),
+            0,
+        ));
+    }
+    let mut next = pdb.clone();
+    if !next.get("status").is_some_and(Value::is_object) {
+        next["status"] = json!({});
+    }
+    next["status"]["disruptionsAllowed"] = json!(allowed - 1);
+    if allowed - 1 == 0 {
+        set_disruption_allowed_false(&mut next["status"], now);
+    }
+    if !next["status"]
+        .get("disruptedPods")
+        .is_some_and(Value::is_object)
+    {
+        next["status"]["disruptedPods"] = json!({});
+    }
+    next["status"]["disruptedPods"][pod] = json!(now);
+    Ok(next)
+}
+
+/// component-helpers' `UpdateDisruptionAllowedCondition` for a budget with no disruption
+/// left, through `meta.SetStatusCondition`: the transition time moves only when the status
+/// does.
+fn set_disruption_allowed_false(status: &mut Value, now: &str) {
+    let observed = status
+        .get("observedGeneration")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    let mut conditions = status
+        .get("conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let existing = conditions
+        .iter_mut()
+        .find(|c| c["type"] == DISRUPTION_ALLOWED_CONDITION);
+    match existing {
+        Some(c) => {
+            if c["status"] != "False" {
+                c["status"] = json!("False");
+                c["lastTransitionTime"] = json!(now);
+            }
+            c["reason"] = json!(INSUFFICIENT_PODS_REASON);
+            c["message"] = json!("");
+            c["observedGeneration"] = json!(observed);
+        }
+        None => conditions.push(json!({
+            "type": DISRUPTION_ALLOWED_CONDITION,
+            "status": "False",
+            "reason": INSUFFICIENT_PODS_REASON,
+            "message": "",
+            "observedGeneration": observed,
+            "lastTransitionTime": now,
+        })),
+    }
+    status["conditions"] = Value::Array(conditions);
+}
+
+/// Kubernetes' `canIgnorePDB`: a pod that is not running yet (Pending), is done
+/// (Succeeded, Failed) or is already being deleted disrupts nothing its budget counts.
+fn can_ignore_pdb(pod: &Value) -> bool {
+    matches!(
+        pod.pointer("/status/phase").and_then(Value::as_str),
+        Some("Pending" | "Succeeded" | "Failed")
+    ) || pod
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+}
+
+/// Kubernetes' `shouldEnforceResourceVersion`: a pod that could still become ready (not
+/// terminal, not being deleted) is deleted only at the version the decision was made on.
+fn should_enforce_resource_version(pod: &Value) -> bool {
+    !matches!(
+        pod.pointer("/status/phase").and_then(Value::as_str),
+        Some("Succeeded" | "Failed")
+    ) && pod
+        .pointer("/metadata/deletionTimestamp")
+        .is_none_or(Value::is_null)
+}
+
+/// `IsPodReady`: the pod's `Ready` condition is `True`.
+fn pod_ready(pod: &Value) -> bool {
+    pod.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+}
+
+/// Whether `pdb` covers `pod` (Kubernetes' `getPodDisruptionBudgets`): same namespace and a
+/// selector that matches its labels. A missing, empty or malformed selector covers nothing —
+/// a budget that slipped through with one must not freeze every pod of its namespace.
+fn pdb_covers(pdb: &Value, pod: &Value) -> bool {
+    if meta::namespace(pdb) != meta::namespace(pod) {
+        return false;
+    }
+    let Some(selector) = pdb.pointer("/spec/selector").filter(|s| !s.is_null()) else {
+        return false;
+    };
+    let Ok(selector) = serde_json::from_value::<
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    >(selector.clone()) else {
+        return false;
+    };
+    match skerry_api::selector::LabelSelector::from_api(&selector) {
+        Ok(selector) if !selector.is_empty() => {
+            selector.matches(&skerry_api::selector::labels_of(pod))
+        }
+        _ => false,
+    }
+}
+
+/// A conflict the caller may retry by reading again.
+fn is_conflict(e: &ApiError) -> bool {
+    e.code == 409 && e.reason == "Conflict"
+}
+
+/// One pause of the eviction's retry schedule.
+async fn eviction_backoff() {
+    let jitter = rand::random::<f64>() * EVICTION_RETRY_JITTER;
+    tokio::time::sleep(EVICTION_RETRY_INTERVAL.mul_f64(1.0 + jitter)).await;
+}
+
+/// The Eviction in a request body (policy/v1, or the identical policy/v1beta1 that older
+/// clients send, as Kubernetes accepts both), decoded strictly.
+fn decode_eviction(req: &Request) -> Result<Value, ApiError> {
+    let media = req.content_type().split(';').next().unwrap_or("").trim();
+    if !matches!(media, "" | "application/json") {
+        // The protobuf schema table holds no Eviction; kubectl and client-go send JSON.
+        return Err(ApiError::unsupported_media_type(req.content_type()));
+    }
+    let mut body: Value = serde_json::from_slice(&req.body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding request body as JSON: {e}")))?;
+    if body.get("apiVersion").and_then(Value::as_str) == Some("policy/v1beta1") {
+        body["apiVersion"] = json!("policy/v1");
+    }
+    let bytes = serde_json::to_vec(&body)
+        .map_err(|e| ApiError::internal(format!("re-encoding the Eviction: {e}")))?;
+    Ok(
+        skerry_api::strict::decode::<k8s_openapi::api::policy::v1::Eviction>(
+            &bytes,
+            FieldValidation::parse(req.param("fieldValidation"))?,
+            ("policy/v1", "Eviction"),
+        )?
+        .object,
+    )
+}
+
+/// The Eviction's DeleteOptions, with the request's `dryRun` carried into them (Kubernetes'
+/// `propagateDryRun`), and whether the eviction is a dry run.
+fn eviction_delete_options(req: &Request, eviction: &Value) -> Result<(Value, bool), ApiError> {
+    let mut options = eviction
+        .get("deleteOptions")
+        .filter(|o| o.is_object())
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let body_dry_run: Vec<&str> = options
+        .get("dryRun")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if let Some(other) = body_dry_run.iter().find(|v| **v != "All") {
+        return Err(ApiError::bad_request(format!(
+            "dryRun: Unsupported value: {other:?}: supported values: \"All\""
+        )));
+    }
+    let dry_run = req.dry_run()? || !body_dry_run.is_empty();
+    if dry_run {
+        options["dryRun"] = json!(["All"]);
+    }
+    Ok((options, dry_run))
+}
+
+/// The request the eviction's pod deletion runs as: the same user and pod, with the dry
+/// run the eviction decided on.
+fn deletion_request(req: &Request, dry_run: bool) -> Request {
+    let mut query = req.query.clone();
+    if dry_run {
+        query.insert("dryRun".into(), "All".into());
+    } else {
+        query.remove("dryRun");
+    }
+    Request {
+        info: req.info.clone(),
+        query,
+        headers: req.headers.clone(),
+        body: bytes::Bytes::new(),
+        user: req.user.clone(),
+    }
+}
+
+/// The answer to an eviction that went through: a success Status, 201 as the create
+/// handler sets it.
+fn evicted() -> Response<Body> {
+    let mut status = skerry_api::status::success(None);
+    status["code"] = json!(201);
+    response::json(201, &status, &[])
+}
+
+/// `POST pods/<name>/eviction`: Kubernetes' `EvictionREST.Create`
+/// (`pkg/registry/core/pod/storage/eviction.go`, 1.32).
+///
+/// 1. A pod its budget cannot count (Pending, terminal, already deleting) is deleted at once.
+/// 2. Otherwise the budgets of its namespace whose selector matches it are found: more than
+///    one is a 500 (a Status, not an error reason, as Kubernetes answers); none lets the pod
+///    go; one must allow a disruption, spent by [`decrement_budget`] — unless the pod is not
+///    ready and the budget can spare it (`AlwaysAllow`, or enough healthy pods without it),
+///    in which case nothing is spent and the pod is deleted only at the version judged.
+/// 3. The pod is deleted with the Eviction's DeleteOptions (grace period, preconditions,
+///    propagation), as a DELETE would.
+pub async fn evict(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    req: &Request,
+) -> Result<Response<Body>, ApiError> {
+    let name = name_of(req)?;
+    let namespace = req.info.namespace.as_deref();
+    let eviction = decode_eviction(req)?;
+    if meta::name(&eviction) != name {
+        return Err(ApiError::bad_request(
+            "name in URL does not match name in Eviction object",
+        ));
+    }
+    if let Some(ns) = meta::namespace(&eviction).filter(|ns| !ns.is_empty())
+        && Some(ns) != namespace
+    {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    let (options, dry_run) = eviction_delete_options(req, &eviction)?;
+    let deletion = deletion_request(req, dry_run);
+    // A resourceVersion the client set is a precondition it owns: a conflict against it is
+    // its answer, never retried.
+    let client_resource_version = options
+        .pointer("/preconditions/resourceVersion")
+        .is_some_and(|v| !v.is_null());
+    let client_preconditions = client_resource_version
+        || options
+            .pointer("/preconditions/uid")
+            .is_some_and(|v| !v.is_null());
+
+    // 1. Pods no budget counts go at once; a conflict (the pod changed) is retried.
+    let mut attempt = 0;
+    let pod = loop {
+        attempt += 1;
+        let pod = current(server, resource, namespace, name).await?;
+        if !can_ignore_pdb(pod.value()) {
+            break pod;
+        }
+        let mut pod_options = options.clone();
+        if should_enforce_resource_version(pod.value()) && !client_resource_version {
+            pod_options["preconditions"]["resourceVersion"] =
+                json!(pod.resource_version().to_string());
+        }
+        match delete_one(server, resource, &deletion, pod, &pod_options).await {
+            Ok(_) => return Ok(evicted()),
+            Err(e)
+                if is_conflict(&e) && !client_preconditions && attempt < EVICTION_ATTEMPTS_MAX =>
+            {
+                eviction_backoff().await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+
+    // 2. The budget.
+    let pdbs = skerry_api::catalogue::lookup("policy", "v1", "poddisruptionbudgets")
+        .ok_or_else(|| ApiError::internal("poddisruptionbudgets are not served"))?;
+    let list_options = storage::ListOptions {
+        namespace: namespace.map(str::to_string),
+        ..Default::default()
+    };
+    let listed = server
+        .timed(
+            "list",
+            pdbs,
+            storage::list(&server.store, pdbs, &list_options, None),
+        )
+        .await?;
+    let mut covering: Vec<CachedObject> = listed
+        .items
+        .into_iter()
+        .filter(|pdb| pdb_covers(pdb.value(), pod.value()))
+        .collect();
+    if covering.len() > 1 {
+        let status = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": MULTIPLE_PDBS, "code": 500,
+        });
+        return Ok(response::json(500, &status, &[]));
+    }
+    let mut judged_at_version = false;
+    let budget = covering.pop();
+    if let Some(pdb) = &budget {
+        let unhealthy_may_go = !pod_ready(pod.value())
+            && (pdb
+                .value()
+                .pointer("/spec/unhealthyPodEvictionPolicy")
+                .and_then(Value::as_str)
+                == Some(ALWAYS_ALLOW)
+                || (int_at(pdb.value(), "/status/currentHealthy")
+                    >= int_at(pdb.value(), "/status/desiredHealthy")
+                    && int_at(pdb.value(), "/status/desiredHealthy") > 0));
+        if unhealthy_may_go {
+            // A pod that is not ready is not counted as healthy: deleting it spends nothing,
+            // provided it is still not ready when it goes.
+            judged_at_version = true;
+        } else {
+            decrement_budget(server, pdbs, pdb.clone(), name, dry_run).await?;
+        }
+    }
+
+    // 3. The deletion.
+    if judged_at_version {
+        let mut pod_options = options.clone();
+        if !client_resource_version {
+            pod_options["preconditions"]["resourceVersion"] =
+                json!(pod.resource_version().to_string());
+        }
+        return match delete_one(server, resource, &deletion, pod, &pod_options).await {
+            Ok(_) => Ok(evicted()),
+            Err(e) if is_conflict(&e) && !client_resource_version => {
+                let pdb_name = budget.as_ref().map_or("", |p| p.name());
+                Err(budget_being_processed(pdb_name))
+            }
+            Err(e) => Err(e),
+        };
+    }
+    // The budget is spent (or there is none): the pod goes at whatever version it is now,
+    // as Kubernetes' store deletes the latest object.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let latest = current(server, resource, namespace, name).await?;
+        match delete_one(server, resource, &deletion, latest, &options).await {
+            Ok(_) => return Ok(evicted()),
+            Err(e)
+                if is_conflict(&e) && !client_preconditions && attempt < EVICTION_ATTEMPTS_MAX =>
+            {
+                eviction_backoff().await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Spends one disruption of `pdb` for `pod`, retrying on a compare-and-swap conflict with
+/// the budget as it now is (Kubernetes' `RetryOnConflict` around `checkAndDecrement` and
+/// `UpdateStatus`). A dry run judges without writing.
+async fn decrement_budget(
+    server: &ApiServer,
+    pdbs: &'static ResourceInfo,
+    mut pdb: CachedObject,
+    pod: &str,
+    dry_run: bool,
+) -> Result<(), ApiError> {
+    let pdb_name = pdb.name().to_string();
+    let namespace = pdb.namespace().map(str::to_string);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let next = check_and_decrement(pdb.value(), pod, &meta::now())?;
+        if dry_run {
+            return Ok(());
+        }
+        let written = server
+            .timed(
+                "update",
+                pdbs,
+                storage::update(
+                    &server.store,
+                    pdbs,
+                    namespace.as_deref(),
+                    &pdb_name,
+                    next,
+                    pdb.resource_version(),
+                ),
+            )
+            .await;
+        match written {
+            Ok(_) => return Ok(()),
+            Err(WriteError::Conflict { current }) if attempt < EVICTION_ATTEMPTS_MAX => {
+                eviction_backoff().await;
+                pdb = current;
+            }
+            Err(e) => return Err(e.into_api_error(pdbs, &pdb_name)),
+        }
+    }
+}
+
 /// `POST serviceaccounts/<name>/token`: a signed, bound service-account token.
 pub async fn token(
     server: &ApiServer,
@@ -441,4 +952,114 @@ pub fn self_subject_access_review(
     answer["status"] = json!({"allowed": decision.allowed, "reason": decision.reason});
     answer["metadata"]["creationTimestamp"] = Value::Null;
     Ok(response::json(201, &answer, &[]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: &str = "2024-06-01T12:00:00Z";
+
+    fn pdb(allowed: i64, observed: i64, generation: i64) -> Value {
+        json!({"metadata": {"name": "web", "namespace": "default", "generation": generation},
+               "spec": {"selector": {"matchLabels": {"app": "web"}}},
+               "status": {"disruptionsAllowed": allowed, "observedGeneration": observed,
+                          "currentHealthy": 3, "desiredHealthy": 2}})
+    }
+
+    // Reference: Kubernetes 1.32 pkg/registry/core/pod/storage/eviction.go checkAndDecrement.
+    #[test]
+    fn a_disruption_is_spent_and_the_pod_recorded() {
+        let next = check_and_decrement(&pdb(2, 1, 1), "web-0", NOW).expect("allowed");
+        assert_eq!(next["status"]["disruptionsAllowed"], 1);
+        assert_eq!(next["status"]["disruptedPods"]["web-0"], NOW);
+        assert!(
+            next["status"].get("conditions").is_none(),
+            "the condition moves only when the last disruption goes"
+        );
+        let last = check_and_decrement(&next, "web-1", NOW).expect("one left");
+        assert_eq!(last["status"]["disruptionsAllowed"], 0);
+        assert_eq!(
+            last["status"]["disruptedPods"],
+            json!({"web-0": NOW, "web-1": NOW})
+        );
+        assert_eq!(
+            last["status"]["conditions"],
+            json!([{"type": "DisruptionAllowed", "status": "False", "reason": "InsufficientPods",
+                    "message": "", "observedGeneration": 1, "lastTransitionTime": NOW}])
+        );
+    }
+
+    #[test]
+    fn a_spent_budget_is_a_429_with_its_numbers() {
+        let e = check_and_decrement(&pdb(0, 1, 1), "web-0", NOW).expect_err("spent");
+        assert_eq!((e.code, e.reason), (429, "TooManyRequests"));
+        assert_eq!(e.retry_after_seconds, None);
+        assert_eq!(e.causes[0].reason, DISRUPTION_BUDGET_CAUSE);
+        assert_eq!(
+            e.causes[0].message,
+            "The disruption budget web needs 2 healthy pods and has 3 currently"
+        );
+    }
+
+    #[test]
+    fn an_unprocessed_or_broken_budget_refuses() {
+        let stale = check_and_decrement(&pdb(5, 1, 2), "web-0", NOW).expect_err("stale");
+        assert_eq!(stale.code, 429);
+        assert_eq!(
+            stale.retry_after_seconds,
+            Some(PDB_PROCESSING_RETRY_AFTER_SECONDS)
+        );
+        let negative = check_and_decrement(&pdb(-1, 1, 1), "web-0", NOW).expect_err("negative");
+        assert_eq!(negative.code, 403);
+        assert_eq!(
+            negative.message,
+            "poddisruptionbudget.policy \"web\" is forbidden: pdb disruptions allowed is negative"
+        );
+        let mut crowded = pdb(5, 1, 1);
+        crowded["status"]["disruptedPods"] = Value::Object(
+            (0..=DISRUPTED_PODS_MAX)
+                .map(|i| (format!("p{i}"), json!(NOW)))
+                .collect(),
+        );
+        let e = check_and_decrement(&crowded, "web-0", NOW).expect_err("crowded");
+        assert_eq!(e.code, 403);
+    }
+
+    #[test]
+    fn a_budget_covers_the_pods_its_selector_matches_in_its_namespace() {
+        let budget = pdb(1, 1, 1);
+        let pod = |ns: &str, labels: Value| json!({"metadata": {"name": "p", "namespace": ns, "labels": labels}});
+        assert!(pdb_covers(
+            &budget,
+            &pod("default", json!({"app": "web", "x": "y"}))
+        ));
+        assert!(!pdb_covers(&budget, &pod("default", json!({"app": "db"}))));
+        assert!(!pdb_covers(&budget, &pod("other", json!({"app": "web"}))));
+        // No selector, an empty one or a malformed one covers nothing.
+        for selector in [
+            Value::Null,
+            json!({}),
+            json!({"matchExpressions": [{"key": "app", "operator": "Bogus"}]}),
+        ] {
+            let mut b = budget.clone();
+            b["spec"]["selector"] = selector;
+            assert!(!pdb_covers(&b, &pod("default", json!({"app": "web"}))));
+        }
+    }
+
+    #[test]
+    fn only_running_live_pods_are_judged_against_the_budget() {
+        let pod = |phase: &str| json!({"metadata": {}, "status": {"phase": phase}});
+        assert!(can_ignore_pdb(&pod("Pending")));
+        assert!(can_ignore_pdb(&pod("Succeeded")));
+        assert!(can_ignore_pdb(&pod("Failed")));
+        assert!(!can_ignore_pdb(&pod("Running")));
+        let mut deleting = pod("Running");
+        deleting["metadata"]["deletionTimestamp"] = json!(NOW);
+        assert!(can_ignore_pdb(&deleting));
+        assert!(!should_enforce_resource_version(&deleting));
+        assert!(should_enforce_resource_version(&pod("Pending")));
+        assert!(!should_enforce_resource_version(&pod("Failed")));
+    }
 }

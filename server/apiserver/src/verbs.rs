@@ -2,8 +2,13 @@
 //! deletecollection, and the subresources (status, scale, binding, token) — Kubernetes'
 //! generic registry, over the store ([`crate::storage`]) and the watch caches.
 //!
-//! A write is: decode strictly → fill server-owned metadata → default → validate → one
-//! store transaction with the optimistic-concurrency compare (`mod_revision == expected`).
+//! A write is, in Kubernetes' order (`handlers/create.go`/`update.go`, then the registry's
+//! `BeforeCreate`/`BeforeUpdate`): decode strictly → fill server-owned metadata → default →
+//! record `managedFields` → admission (NamespaceLifecycle, then the plugins; mutating
+//! admission such as Priority's copy of `spec.priority` runs *before* validation, so that
+//! validation judges the object that will be stored) → validate → one store transaction
+//! with the optimistic-concurrency compare (`mod_revision == expected`). See
+//! [`admit_then_validate_create`] and [`write_update`].
 //! Patches retry that loop on a conflict, as Kubernetes' patcher does, since the client did
 //! not ask for a precondition — unless the patch itself sets `metadata.resourceVersion`,
 //! which makes it conditional like an update (see `patched_preconditions`).
@@ -77,6 +82,7 @@ pub async fn serve(server: &Arc<ApiServer>, req: Request) -> Result<Response<Bod
         ("create", None) => create(server, resource, &req).await,
         ("create", Some("binding")) => crate::subresources::bind(server, resource, &req).await,
         ("create", Some("token")) => crate::subresources::token(server, resource, &req).await,
+        ("create", Some("eviction")) => crate::subresources::evict(server, resource, &req).await,
         ("update", None | Some("status") | Some("finalize")) => {
             update(server, resource, &req).await
         }
@@ -485,18 +491,12 @@ async fn create(
     let namespace = req.info.namespace.as_deref();
     prepare_new(resource, &mut object, namespace)?;
     let name = meta::name(&object).to_string();
-    invalid(
-        resource,
-        &name,
-        skerry_api::validation::validate_create(resource, &object),
-    )?;
-    admit_namespace(server, resource, namespace).await?;
-    crate::admission::admit_create(server, resource, &mut object, &req.user).await?;
     {
         let now = meta::now();
         let manager = field_manager_of(resource, req, "create", &now)?;
         skerry_api::patch::record_update(&manager, None, &mut object);
     }
+    admit_then_validate_create(server, resource, req, &name, &mut object).await?;
     let format = req.format()?;
     if req.dry_run()? {
         return Ok(object_response(
@@ -537,6 +537,32 @@ async fn create(
         format,
         &warnings,
     ))
+}
+
+/// Admission and validation of a new object, in Kubernetes' order: NamespaceLifecycle (the
+/// first admission plugin), the other plugins — mutating ones such as Priority, which turns
+/// `spec.priorityClassName` into `spec.priority`, run before validation (`handlers/
+/// create.go` calls `Admit` before the registry's `BeforeCreate` validates) — then
+/// validation. A pod that is both invalid and names an unknown class is refused by
+/// admission (403), as Kubernetes refuses it.
+///
+/// The plugins' validating halves (Priority's single-default check for PriorityClasses,
+/// OwnerReferencesPermissionEnforcement) run in the same call for now: `admission` does
+/// not yet split its plugins into a mutating and a validating phase.
+async fn admit_then_validate_create(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    req: &Request,
+    name: &str,
+    object: &mut Value,
+) -> Result<(), ApiError> {
+    admit_namespace(server, resource, req.info.namespace.as_deref()).await?;
+    crate::admission::admit_create(server, resource, object, &req.user).await?;
+    invalid(
+        resource,
+        name,
+        skerry_api::validation::validate_create(resource, object),
+    )
 }
 
 /// What every create does before validation: server-owned metadata, defaults, and the
@@ -692,6 +718,9 @@ const FIELD_MANAGER_LEN_MAX: usize = 128;
 /// Stores `new` over `old` (the object read at `old`'s resourceVersion), finishing a deletion
 /// when the last finalizer of a deleted object goes. Returns the stored object, or the
 /// conflict for the caller to retry.
+///
+/// Order, as Kubernetes': server-owned metadata and defaults → `managedFields` → admission
+/// → validation → the compare-and-swap write.
 pub(crate) async fn write_update(
     server: &ApiServer,
     resource: &'static ResourceInfo,
@@ -746,17 +775,22 @@ async fn write_update_as(
     if req.info.subresource.is_none() {
         skerry_api::defaults::apply_defaults(resource, &mut new);
     }
-    invalid(
-        resource,
-        &name,
-        skerry_api::validation::validate_update(resource, old.value(), &new),
-    )?;
-    crate::admission::admit_update(server, resource, old.value(), &mut new, &req.user).await?;
     if ownership == Ownership::Update {
         let now = meta::now();
         let manager = field_manager_of(resource, req, "update", &now)?;
         skerry_api::patch::record_update(&manager, Some(old.value()), &mut new);
     }
+    // Kubernetes' order (`handlers/update.go`): the field manager and mutating admission are
+    // transformers of the new object, applied before the registry's `BeforeUpdate`
+    // validates it — so Priority's copy-back of `spec.priority` on a pod replacement that
+    // left it out happens before pod-update validation, which would otherwise see the
+    // priority "changed" to nothing.
+    crate::admission::admit_update(server, resource, old.value(), &mut new, &req.user).await?;
+    invalid(
+        resource,
+        &name,
+        skerry_api::validation::validate_update(resource, old.value(), &new),
+    )?;
     let deleting = new
         .pointer("/metadata/deletionTimestamp")
         .is_some_and(|v| !v.is_null());
@@ -947,14 +981,10 @@ async fn patch(
             }
             None => {
                 // Server-side apply creates what does not exist.
+                // Its `managedFields` are the apply's own, recorded above.
                 let mut object = decoded.object;
                 prepare_new(resource, &mut object, namespace)?;
-                invalid(
-                    resource,
-                    name,
-                    skerry_api::validation::validate_create(resource, &object),
-                )?;
-                admit_namespace(server, resource, namespace).await?;
+                admit_then_validate_create(server, resource, req, name, &mut object).await?;
                 if req.dry_run()? {
                     Ok(object)
                 } else if resource.resource == "services"
@@ -1410,6 +1440,7 @@ async fn delete(
     req: &Request,
 ) -> Result<Response<Body>, ApiError> {
     let name = name_of(req)?;
+    refuse_system_priority_class_delete(resource, name)?;
     let options = delete_options(req)?;
     let old = current(server, resource, req.info.namespace.as_deref(), name).await?;
     let format = req.format()?;
@@ -1421,6 +1452,40 @@ async fn delete(
         format,
         &[],
     ))
+}
+
+/// Kubernetes' reason for refusing to delete a built-in PriorityClass.
+const SYSTEM_PRIORITY_CLASS_UNDELETABLE: &str =
+    "this is a system priority class and cannot be deleted";
+
+/// The PriorityClass storage's `Delete` (Kubernetes' `registry/scheduling/priorityclass/
+/// storage`): `system-node-critical` and `system-cluster-critical` cannot be deleted — every
+/// node's critical pods name them, and only a restart of kube-apiserver would bring them
+/// back. Checked on the name before the object is read, as Kubernetes does (a dry run is
+/// refused too).
+///
+/// DELETE of the collection does not pass here, as in Kubernetes, whose `DeleteCollection`
+/// calls the generic store's `Delete` and not this override.
+fn refuse_system_priority_class_delete(
+    resource: &ResourceInfo,
+    name: &str,
+) -> Result<(), ApiError> {
+    let system = resource.group == "scheduling.k8s.io"
+        && resource.resource == "priorityclasses"
+        && skerry_api::validation::scheduling::SYSTEM_PRIORITY_CLASSES
+            .iter()
+            .any(|c| c.name == name);
+    if !system {
+        return Ok(());
+    }
+    let mut e = ApiError::forbidden(format!(
+        "{} {name:?} is forbidden: {SYSTEM_PRIORITY_CLASS_UNDELETABLE}",
+        skerry_api::status::qualified(resource.group, resource.resource)
+    ));
+    e.group = Some(resource.group.to_string());
+    e.kind = Some(resource.resource.to_string());
+    e.name = Some(name.to_string());
+    Err(e)
 }
 
 async fn delete_collection(

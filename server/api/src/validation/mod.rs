@@ -12,7 +12,8 @@
 //! accumulation with a hundred-error cap" (the cap is applied by `ApiError::invalid`).
 //!
 //! Layout: [`names`] holds the string-format checks, [`quantity`] resource quantities,
-//! `meta` object metadata, `pod` pod specs and templates, and one file per API group.
+//! `meta` object metadata, `pod` pod specs and templates, and one file per API group
+//! (`policy`: PodDisruptionBudgets; [`scheduling`]: PriorityClasses and the built-in classes).
 
 mod apps;
 mod coordination;
@@ -21,8 +22,10 @@ mod discovery;
 mod meta;
 pub mod names;
 mod pod;
+mod policy;
 pub mod quantity;
 mod rbac;
+pub mod scheduling;
 
 use serde_json::{Map, Value};
 
@@ -76,6 +79,10 @@ fn validate_kind(resource: &ResourceInfo, obj: &Value, old: Option<&Value>, out:
         ("apps", "StatefulSet") => apps::validate_stateful_set(obj, old, out),
         ("discovery.k8s.io", "EndpointSlice") => discovery::validate_endpoint_slice(obj, old, out),
         ("coordination.k8s.io", "Lease") => coordination::validate_lease(obj, out),
+        ("policy", "PodDisruptionBudget") => policy::validate_pod_disruption_budget(obj, old, out),
+        ("scheduling.k8s.io", "PriorityClass") => {
+            scheduling::validate_priority_class(obj, old, out)
+        }
         ("rbac.authorization.k8s.io", "Role") => rbac::validate_role(obj, true, out),
         ("rbac.authorization.k8s.io", "ClusterRole") => rbac::validate_role(obj, false, out),
         ("rbac.authorization.k8s.io", "RoleBinding") => rbac::validate_binding(obj, old, true, out),

@@ -403,3 +403,84 @@ fn wrong_json_types_are_reported_not_panicked_on() {
     );
     assert!(!validate_create(info("", "pods"), &json!([1, 2])).is_empty());
 }
+
+// Reference: pkg/apis/scheduling/validation of 1.32 (ValidatePriorityClass and its update).
+#[test]
+fn priority_classes() {
+    let class = |name: &str, value: i64| json!({"metadata": {"name": name}, "value": value});
+    let group = "scheduling.k8s.io";
+    assert_eq!(
+        create(group, "priorityclasses", class("high", 1_000_000_000)),
+        vec![]
+    );
+    assert_eq!(
+        fields(&create(
+            group,
+            "priorityclasses",
+            class("higher", 1_000_000_001)
+        )),
+        vec!["value: Forbidden: maximum allowed value of a user defined priority is 1000000000"]
+    );
+    assert_eq!(
+        fields(&create(group, "priorityclasses", class("system-mine", 5))),
+        vec![
+            "metadata.name: Forbidden: priority class names with 'system-' prefix are reserved for system use only. error: system-mine is not a known system priority class"
+        ]
+    );
+    assert_eq!(
+        create(
+            group,
+            "priorityclasses",
+            class("system-cluster-critical", 2_000_000_000)
+        ),
+        vec![]
+    );
+    // Value and preemptionPolicy are fixed; the description may change.
+    let old = class("high", 1000);
+    let mut new = class("high", 2000);
+    new["preemptionPolicy"] = json!("Never");
+    new["description"] = json!("now documented");
+    assert_eq!(
+        fields(&update(group, "priorityclasses", old.clone(), new)),
+        vec![
+            "value: Forbidden: may not be changed in an update.",
+            "preemptionPolicy: Invalid value: \"Never\": field is immutable"
+        ]
+    );
+    let mut described = old.clone();
+    described["description"] = json!("now documented");
+    assert_eq!(update(group, "priorityclasses", old, described), vec![]);
+}
+
+// Reference: pkg/apis/policy/validation of 1.32 (ValidatePodDisruptionBudgetSpec).
+#[test]
+fn pod_disruption_budgets() {
+    let pdb =
+        |spec: Value| json!({"metadata": {"name": "web", "namespace": "default"}, "spec": spec});
+    assert_eq!(
+        create(
+            "policy",
+            "poddisruptionbudgets",
+            pdb(json!({"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}))
+        ),
+        vec![]
+    );
+    let causes = create(
+        "policy",
+        "poddisruptionbudgets",
+        pdb(
+            json!({"minAvailable": 1, "maxUnavailable": "10%", "selector": {"matchLabels": {"app": "web/x"}}}),
+        ),
+    );
+    let fields = fields(&causes);
+    assert_eq!(fields.len(), 2, "{fields:?}");
+    assert!(fields[0].starts_with("spec: Invalid value: "), "{fields:?}");
+    assert!(
+        fields[0].ends_with(": minAvailable and maxUnavailable cannot be both set"),
+        "{fields:?}"
+    );
+    assert!(
+        fields[1].starts_with("spec.selector.matchLabels: Invalid value: \"web/x\""),
+        "{fields:?}"
+    );
+}

@@ -24,7 +24,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::{
-    apps, authentication, authorization, autoscaling, coordination, core, discovery, rbac,
+    apps, authentication, authorization, autoscaling, coordination, core, discovery, policy, rbac,
+    scheduling,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_openapi::schemars::generate::SchemaSettings;
@@ -144,6 +145,9 @@ fn generated() -> Map<String, Value> {
         apps::v1::ReplicaSet,
         apps::v1::DaemonSet,
         apps::v1::StatefulSet,
+        policy::v1::PodDisruptionBudget,
+        policy::v1::Eviction,
+        scheduling::v1::PriorityClass,
         discovery::v1::EndpointSlice,
         coordination::v1::Lease,
         rbac::v1::Role,
