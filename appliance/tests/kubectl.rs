@@ -472,14 +472,7 @@ fn apply_get_patch_scale_label_and_delete() {
     // Orphaning marks the Deployment with the `orphan` finalizer for the garbage collector
     // (which runs with the control loops) to release its ReplicaSets; kubectl is told not to
     // wait for that here.
-    k.ok(&[
-        "delete",
-        "deploy",
-        "web",
-        "-n",
-        "shop",
-        "--cascade=orphan",
-    ]);
+    k.ok(&["delete", "deploy", "web", "-n", "shop", "--cascade=orphan"]);
     // The garbage collector orphans the Deployment's ReplicaSet (removes its owner reference)
     // before it lets the Deployment go; the ReplicaSet and its pods stay.
     let err = k.fails(&["get", "deploy", "web", "-n", "shop"], None);
