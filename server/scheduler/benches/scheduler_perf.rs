@@ -31,9 +31,10 @@
 //!   (`mustSetupCluster` in `test/integration/scheduler_perf/util.go`), far above any rate
 //!   reached here, so this is its setting;
 //! - `kube-scheduler-default`: QPS 50 / burst 100, kube-scheduler's own `clientConnection`
-//!   defaults (`pkg/scheduler/apis/config/v1/defaults.go`): each bind and each event is a
-//!   request, so this caps a real kube-scheduler near 50 / 2 = 25 pods/s once the burst is
-//!   spent.
+//!   defaults (`pkg/scheduler/apis/config/v1/defaults.go`): every bind is a request, so
+//!   once the burst is spent binds go at 50/s (the event writer shares the limiter but is one
+//!   request at a time against up to `BINDS_IN_FLIGHT_MAX` waiting binds), and an attempt's
+//!   latency becomes the wait for a token.
 //!
 //! Workloads (scheduler_perf's names and templates):
 //! - `SchedulingBasic/500Nodes` (500 init, 1,000 measured) and `SchedulingBasic/5000Nodes`
@@ -49,9 +50,10 @@
 //!   node to 3.6 of 4 CPUs), then 500 high-priority pods (PriorityClass value 10, cpu 3) that
 //!   each must evict three of them.
 //!
-//! Run: `cargo bench -p skerry-scheduler --bench scheduler_perf` (the default plan, ~5-8 min
+//! Run: `cargo bench -p skerry-scheduler --bench scheduler_perf` (the default plan, ~4-5 min
 //! on 2 cores). `SCHED_PERF_CASES` (comma list of workload names), `SCHED_PERF_MODES`
-//! (default `unlimited`) and `SCHED_PERF_RUNS` (default 1) replace the plan.
+//! (default `unlimited`) and `SCHED_PERF_RUNS` (default 1) replace the plan;
+//! `SCHED_PERF_TIMEOUT_SECS` (default 600) bounds a run, which then reports what is stuck.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -630,6 +632,48 @@ async fn check(admin: &Client, workload: &Workload, preemptions: u64) -> Result<
     }
 }
 
+/// How many sample pods [`stuck_report`] describes.
+const STUCK_SAMPLES: usize = 3;
+
+/// What a timed-out run left behind: the queue's pending pods by sub-queue and a few of the
+/// pods still unbound, with their nomination and `PodScheduled` condition.
+async fn stuck_report(measured: &Api<Pod>) -> String {
+    let pending: Vec<String> = metrics::encode_text()
+        .lines()
+        .filter(|l| l.starts_with("scheduler_pending_pods{"))
+        .map(str::to_string)
+        .collect();
+    let unbound = match measured.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .filter(|p| node_of(p).is_none_or(str::is_empty))
+            .collect::<Vec<_>>(),
+        Err(e) => return format!("pending {pending:?}; cannot list the pods: {e}"),
+    };
+    let samples: Vec<String> = unbound
+        .iter()
+        .take(STUCK_SAMPLES)
+        .map(|p| {
+            let status = p.status.as_ref();
+            let condition = status
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"))
+                .map(|c| format!("{} {:?}", c.status, c.message))
+                .unwrap_or_else(|| "no PodScheduled condition".into());
+            format!(
+                "{} nominated {:?} {condition}",
+                p.metadata.name.as_deref().unwrap_or_default(),
+                status.and_then(|s| s.nominated_node_name.as_deref())
+            )
+        })
+        .collect();
+    format!(
+        "pending {pending:?}; {} unbound, e.g. {samples:?}",
+        unbound.len()
+    )
+}
+
 /// One run of `workload` with the scheduler's client in `mode`.
 async fn run_once(workload: &Workload, mode: Mode, seed: u64) -> Result<RunResult> {
     let server = TestServer::start().await?;
@@ -706,13 +750,21 @@ async fn run_once(workload: &Workload, mode: Mode, seed: u64) -> Result<RunResul
             .map(|()| Instant::now())
         }
     });
-    let bound = match tokio::time::timeout(RUN_TIMEOUT, watching).await {
+    let timeout = Duration::from_secs(env_or("SCHED_PERF_TIMEOUT_SECS", RUN_TIMEOUT.as_secs()));
+    let bound = match tokio::time::timeout(timeout, watching).await {
         Ok(joined) => joined.context("the watch task")??,
-        Err(_) => bail!(
-            "timed out after {RUN_TIMEOUT:?}: {} scheduled, {} unschedulable attempts",
-            scheduler.stats().scheduled(),
-            scheduler.stats().unschedulable()
-        ),
+        Err(_) => {
+            let stats = scheduler.stats();
+            bail!(
+                "timed out after {timeout:?}: {} scheduled, {} unschedulable attempts, {} \
+                 cycles, {} preemptions; {}",
+                stats.scheduled(),
+                stats.unschedulable(),
+                stats.cycles(),
+                stats.preemptions(),
+                stuck_report(&measured).await
+            )
+        }
     };
     let created = creating.await.context("the create task")??;
     let end = *bound.last().context("no pod was bound")?;
