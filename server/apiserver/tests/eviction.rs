@@ -17,25 +17,21 @@
 //! Requests go straight to the registry ([`skerry_apiserver::verbs::serve`]) as an
 //! authenticated admin, as `priority.rs` does: what is under test is the API.
 
+mod common;
+
+use common::{Server, start};
+
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, header};
+use http::Method;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use skerry_apiserver::ApiServer;
+use skerry_apiserver::auth::UserInfo;
 use skerry_apiserver::auth::rbac::{self, Attributes};
-use skerry_apiserver::auth::{Authenticator, GROUP_MASTERS, UserInfo};
-use skerry_apiserver::handler::{Config, Request};
-use skerry_apiserver::ipalloc::{SERVICE_CIDR_DEFAULT, ServiceCidr};
-use skerry_apiserver::request::{RequestInfo, parse_query};
-use skerry_store::{Store, StoreConfig};
-
-/// Every exchange is bounded so that a bug fails instead of hanging. An eviction that
-/// retries a conflict may take ~10 s by design; none of these tests conflicts.
-const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+use skerry_apiserver::handler::Request;
+use skerry_apiserver::request::RequestInfo;
 
 const PODS: &str = "/api/v1/namespaces/default/pods";
 const PDBS: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets";
@@ -45,87 +41,31 @@ const CLASSES: &str = "/apis/scheduling.k8s.io/v1/priorityclasses";
 const BLOCKED: &str =
     "Too many requests: Cannot evict pod as it would violate the pod's disruption budget.";
 
-struct Server {
-    api: Arc<ApiServer>,
-    _dir: tempfile::TempDir,
-}
-
-async fn start() -> Server {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(StoreConfig::new(dir.path())).expect("open store");
-    let service_cidr = ServiceCidr::parse(SERVICE_CIDR_DEFAULT).expect("service CIDR");
-    skerry_apiserver::startup::bootstrap(&store, &service_cidr, 6443)
-        .await
-        .expect("bootstrap");
-    let api = ApiServer::start(
-        store,
-        Config {
-            server_address: "127.0.0.1:6443".into(),
-            authenticator: Authenticator {
-                token_file: None,
-                service_accounts: None,
-            },
-            token_issuer: None,
-            compaction_interval: None,
-            service_cidr,
-            extra_metrics: None,
-        },
-    );
-    Server { api, _dir: dir }
-}
-
 fn request(
     method: Method,
     path_and_query: &str,
     content_type: &str,
     body: Option<&[u8]>,
 ) -> Request {
-    let (path, query) = match path_and_query.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (path_and_query, None),
-    };
-    let query = parse_query(query);
-    let info = RequestInfo::parse(&method, path, &query);
-    let mut headers = HeaderMap::new();
-    if body.is_some() {
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_str(content_type).expect("header"),
-        );
-    }
-    Request {
-        info,
-        query: query.into_iter().collect::<HashMap<_, _>>(),
-        headers,
-        body: body.map(Bytes::copy_from_slice).unwrap_or_default(),
-        user: UserInfo::authenticated("admin", "", vec![GROUP_MASTERS.to_string()]),
-    }
+    common::request(
+        method,
+        path_and_query,
+        None,
+        body.map(|_| content_type),
+        body.map(Bytes::copy_from_slice).unwrap_or_default(),
+    )
 }
 
 /// One request through the registry: the HTTP status and the JSON body (an error as the
 /// `Status` the client would read).
 async fn send(server: &Server, request: Request) -> (u16, Value) {
-    let exchange = async {
-        match skerry_apiserver::verbs::serve(&server.api, request).await {
-            Ok(response) => {
-                let status = response.status().as_u16();
-                let body = response
-                    .into_body()
-                    .collect()
-                    .await
-                    .expect("body")
-                    .to_bytes();
-                (
-                    status,
-                    serde_json::from_slice(&body).expect("a JSON answer"),
-                )
-            }
-            Err(e) => (e.code, e.to_status()),
-        }
-    };
-    tokio::time::timeout(EXCHANGE_TIMEOUT, exchange)
-        .await
-        .expect("the exchange ended in time")
+    match common::exchange(server, request).await {
+        Ok((status, body)) => (
+            status,
+            serde_json::from_slice(&body).expect("a JSON answer"),
+        ),
+        Err(e) => (e.code, e.to_status()),
+    }
 }
 
 async fn call(server: &Server, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {

@@ -14,23 +14,13 @@
 //! The requests go straight to the registry ([`skerry_apiserver::verbs::serve`]) as an
 //! authenticated admin, as `metadata_watch.rs` does: what is under test is the verbs.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
+
+use common::{Server, start};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, header};
-use http_body_util::BodyExt;
+use http::Method;
 use serde_json::{Value, json};
-use skerry_apiserver::ApiServer;
-use skerry_apiserver::auth::{Authenticator, GROUP_MASTERS, UserInfo};
-use skerry_apiserver::handler::{Config, Request};
-use skerry_apiserver::ipalloc::{SERVICE_CIDR_DEFAULT, ServiceCidr};
-use skerry_apiserver::request::{RequestInfo, parse_query};
-use skerry_store::{Store, StoreConfig};
-
-/// Every exchange is bounded so that a bug fails instead of hanging.
-const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Kubernetes' optimistic-lock message, which a stale patch must get.
 const CONFLICT: &str =
@@ -43,35 +33,6 @@ const APPLY: &str = "application/apply-patch+yaml";
 
 const CONFIG_MAPS: &str = "/api/v1/namespaces/default/configmaps";
 
-struct Server {
-    api: Arc<ApiServer>,
-    _dir: tempfile::TempDir,
-}
-
-async fn start() -> Server {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(StoreConfig::new(dir.path())).expect("open store");
-    let service_cidr = ServiceCidr::parse(SERVICE_CIDR_DEFAULT).expect("service CIDR");
-    skerry_apiserver::startup::bootstrap(&store, &service_cidr, 6443)
-        .await
-        .expect("bootstrap");
-    let api = ApiServer::start(
-        store,
-        Config {
-            server_address: "127.0.0.1:6443".into(),
-            authenticator: Authenticator {
-                token_file: None,
-                service_accounts: None,
-            },
-            token_issuer: None,
-            compaction_interval: None,
-            service_cidr,
-            extra_metrics: None,
-        },
-    );
-    Server { api, _dir: dir }
-}
-
 /// One request through the registry: status and the JSON body (errors as their Status-like
 /// `{"message": ...}`).
 async fn call(
@@ -81,47 +42,15 @@ async fn call(
     content_type: Option<&str>,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let (path, query) = match path_and_query.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (path_and_query, None),
-    };
-    let query = parse_query(query);
-    let info = RequestInfo::parse(&method, path, &query);
-    let mut headers = HeaderMap::new();
-    if let Some(c) = content_type {
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_str(c).expect("header"),
-        );
+    let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+    let request = common::request(method, path_and_query, None, content_type, body);
+    match common::exchange(server, request).await {
+        Ok((status, body)) => (
+            status,
+            serde_json::from_slice(&body).expect("a JSON answer"),
+        ),
+        Err(e) => (e.code, json!({"message": e.message, "reason": e.reason})),
     }
-    let request = Request {
-        info,
-        query: query.into_iter().collect::<HashMap<_, _>>(),
-        headers,
-        body: body.map(|b| Bytes::from(b.to_string())).unwrap_or_default(),
-        user: UserInfo::authenticated("admin", "", vec![GROUP_MASTERS.to_string()]),
-    };
-    let exchange = async {
-        match skerry_apiserver::verbs::serve(&server.api, request).await {
-            Ok(response) => {
-                let status = response.status().as_u16();
-                let body = response
-                    .into_body()
-                    .collect()
-                    .await
-                    .expect("body")
-                    .to_bytes();
-                (
-                    status,
-                    serde_json::from_slice(&body).expect("a JSON answer"),
-                )
-            }
-            Err(e) => (e.code, json!({"message": e.message, "reason": e.reason})),
-        }
-    };
-    tokio::time::timeout(EXCHANGE_TIMEOUT, exchange)
-        .await
-        .expect("the exchange ended in time")
 }
 
 async fn create_config_map(server: &Server, name: &str, finalizers: &[&str]) -> Value {

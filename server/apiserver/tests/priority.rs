@@ -13,57 +13,22 @@
 //! Requests go straight to the registry ([`skerry_apiserver::verbs::serve`]) as an
 //! authenticated admin, as `patch_preconditions.rs` does: what is under test is the API.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+mod common;
+
+use common::{Server, start};
+
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, header};
+use http::Method;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use skerry_apiserver::ApiServer;
-use skerry_apiserver::auth::{Authenticator, GROUP_MASTERS, UserInfo};
-use skerry_apiserver::handler::{Config, Request};
-use skerry_apiserver::ipalloc::{SERVICE_CIDR_DEFAULT, ServiceCidr};
-use skerry_apiserver::request::{RequestInfo, parse_query};
-use skerry_store::{Store, StoreConfig};
-
-/// Every exchange is bounded so that a bug fails instead of hanging.
-const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+use skerry_apiserver::handler::Request;
 
 const CLASSES: &str = "/apis/scheduling.k8s.io/v1/priorityclasses";
 const PDBS: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets";
 const PODS: &str = "/api/v1/namespaces/default/pods";
 const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
-
-struct Server {
-    api: Arc<ApiServer>,
-    _dir: tempfile::TempDir,
-}
-
-async fn start() -> Server {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(StoreConfig::new(dir.path())).expect("open store");
-    let service_cidr = ServiceCidr::parse(SERVICE_CIDR_DEFAULT).expect("service CIDR");
-    skerry_apiserver::startup::bootstrap(&store, &service_cidr, 6443)
-        .await
-        .expect("bootstrap");
-    let api = ApiServer::start(
-        store,
-        Config {
-            server_address: "127.0.0.1:6443".into(),
-            authenticator: Authenticator {
-                token_file: None,
-                service_accounts: None,
-            },
-            token_issuer: None,
-            compaction_interval: None,
-            service_cidr,
-            extra_metrics: None,
-        },
-    );
-    Server { api, _dir: dir }
-}
 
 fn request(
     method: Method,
@@ -71,32 +36,9 @@ fn request(
     accept: Option<&str>,
     body: Option<Value>,
 ) -> Request {
-    let (path, query) = match path_and_query.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (path_and_query, None),
-    };
-    let query = parse_query(query);
-    let info = RequestInfo::parse(&method, path, &query);
-    let mut headers = HeaderMap::new();
-    if body.is_some() {
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-    }
-    if let Some(accept) = accept {
-        headers.insert(
-            header::ACCEPT,
-            HeaderValue::from_str(accept).expect("header"),
-        );
-    }
-    Request {
-        info,
-        query: query.into_iter().collect::<HashMap<_, _>>(),
-        headers,
-        body: body.map(|b| Bytes::from(b.to_string())).unwrap_or_default(),
-        user: UserInfo::authenticated("admin", "", vec![GROUP_MASTERS.to_string()]),
-    }
+    let content_type = body.as_ref().map(|_| "application/json");
+    let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+    common::request(method, path_and_query, accept, content_type, body)
 }
 
 /// One request through the registry: status and the JSON body (errors as their Status-like
@@ -109,31 +51,17 @@ async fn call_as(
     body: Option<Value>,
 ) -> (u16, Value) {
     let request = request(method, path_and_query, accept, body);
-    let exchange = async {
-        match skerry_apiserver::verbs::serve(&server.api, request).await {
-            Ok(response) => {
-                let status = response.status().as_u16();
-                let body = response
-                    .into_body()
-                    .collect()
-                    .await
-                    .expect("body")
-                    .to_bytes();
-                (
-                    status,
-                    serde_json::from_slice(&body).expect("a JSON answer"),
-                )
-            }
-            Err(e) => (
-                e.code,
-                json!({"message": e.message, "reason": e.reason,
-                       "causes": e.causes.iter().map(|c| c.field.clone()).collect::<Vec<_>>()}),
-            ),
-        }
-    };
-    tokio::time::timeout(EXCHANGE_TIMEOUT, exchange)
-        .await
-        .expect("the exchange ended in time")
+    match common::exchange(server, request).await {
+        Ok((status, body)) => (
+            status,
+            serde_json::from_slice(&body).expect("a JSON answer"),
+        ),
+        Err(e) => (
+            e.code,
+            json!({"message": e.message, "reason": e.reason,
+                   "causes": e.causes.iter().map(|c| c.field.clone()).collect::<Vec<_>>()}),
+        ),
+    }
 }
 
 async fn call(server: &Server, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {

@@ -35,8 +35,8 @@
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -49,7 +49,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use skerry_client::cache::Indexer;
-use skerry_client::informer::{Deleted, EventHandler, SharedInformer};
+use skerry_client::informer::SharedInformer;
 use skerry_client::workqueue::WorkQueue;
 use skerry_client::{Client, Error, PostParams, key_of};
 use tokio_util::sync::CancellationToken;
@@ -68,7 +68,9 @@ use crate::podcontrol::{
     create_pod_from_template, is_namespace_terminating, release_patch, slow_start_batch,
 };
 use crate::runtime::{self, Reconciler};
-use crate::util::{self, controller_of, is_pod_available, is_pod_ready};
+use crate::util::{
+    self, Forward, controller_of, is_pod_available, is_pod_ready, resolve_controller_ref,
+};
 
 /// The most pods one sync creates, and the most it deletes. Kubernetes' DaemonSet
 /// `BurstReplicas` (250, half the ReplicaSet's 500: every daemon pod lands on a different
@@ -99,7 +101,6 @@ pub const ROLLING_UPDATE: &str = "RollingUpdate";
 /// The kind and apiVersion in a pod's controller reference to its DaemonSet.
 const KIND: &str = "DaemonSet";
 const API_VERSION: &str = "apps/v1";
-const GROUP: &str = "apps";
 
 // ---- which nodes run a daemon pod ---------------------------------------------------------
 
@@ -838,9 +839,24 @@ impl DaemonSetController {
                 node_informer.clone(),
             )),
         ));
-        ds_informer.add_handler(DaemonSetHandler(Arc::downgrade(&controller)));
-        pod_informer.add_handler(PodHandler(Arc::downgrade(&controller)));
-        node_informer.add_handler(NodeHandler(Arc::downgrade(&controller)));
+        ds_informer.add_handler(Forward::new(
+            &controller,
+            |c, ds| c.add_daemon_set(ds),
+            |c, old, new| c.update_daemon_set(old, new),
+            |c, ds| c.delete_daemon_set(ds),
+        ));
+        pod_informer.add_handler(Forward::new(
+            &controller,
+            |c, pod| c.add_pod(pod),
+            |c, old, new| c.update_pod(old, new),
+            |c, pod| c.delete_pod(pod),
+        ));
+        node_informer.add_handler(Forward::new(
+            &controller,
+            |c, node| c.add_node(node),
+            |c, old, new| c.update_node(old, new),
+            |c, node| c.delete_node(node),
+        ));
         controller
     }
 
@@ -900,19 +916,6 @@ impl DaemonSetController {
         }
     }
 
-    /// The DaemonSet a controller reference points at, if it is still that DaemonSet.
-    fn resolve_controller_ref(
-        &self,
-        namespace: &str,
-        r: &OwnerReference,
-    ) -> Option<Arc<DaemonSet>> {
-        if r.kind != KIND || r.api_version.split('/').next() != Some(GROUP) {
-            return None;
-        }
-        let ds = self.daemon_sets.get_by(namespace, &r.name)?;
-        (ds.metadata.uid.as_deref() == Some(r.uid.as_str())).then_some(ds)
-    }
-
     /// The DaemonSets whose selector matches an orphan `pod`.
     fn pod_daemon_sets(&self, pod: &Pod) -> Vec<Arc<DaemonSet>> {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
@@ -957,7 +960,7 @@ impl DaemonSetController {
         }
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         if let Some(r) = controller_of(&pod.metadata) {
-            if let Some(ds) = self.resolve_controller_ref(namespace, r) {
+            if let Some(ds) = resolve_controller_ref(&self.daemon_sets, namespace, r) {
                 let key = key_of(ds.as_ref());
                 self.expectations.creation_observed(&key);
                 self.queue.add(key);
@@ -982,12 +985,13 @@ impl DaemonSetController {
         let namespace = cur.metadata.namespace.as_deref().unwrap_or_default();
         let (old_ref, cur_ref) = (controller_of(&old.metadata), controller_of(&cur.metadata));
         if old_ref != cur_ref
-            && let Some(ds) = old_ref.and_then(|r| self.resolve_controller_ref(namespace, r))
+            && let Some(ds) =
+                old_ref.and_then(|r| resolve_controller_ref(&self.daemon_sets, namespace, r))
         {
             self.enqueue(&ds);
         }
         if let Some(r) = cur_ref {
-            let Some(ds) = self.resolve_controller_ref(namespace, r) else {
+            let Some(ds) = resolve_controller_ref(&self.daemon_sets, namespace, r) else {
                 return;
             };
             self.enqueue(&ds);
@@ -1012,7 +1016,7 @@ impl DaemonSetController {
             return;
         };
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-        let Some(ds) = self.resolve_controller_ref(namespace, r) else {
+        let Some(ds) = resolve_controller_ref(&self.daemon_sets, namespace, r) else {
             return;
         };
         let key = key_of(ds.as_ref());
@@ -1307,71 +1311,6 @@ impl Reconciler for DaemonSetController {
     async fn sync(&self, key: &str) -> anyhow::Result<()> {
         let span = tracing::debug_span!("sync", daemonset = %key);
         self.sync_daemon_set(key).instrument(span).await
-    }
-}
-
-// ---- informer handlers --------------------------------------------------------------------
-
-/// Feeds DaemonSet events to the controller. Holds it weakly: the informer outlives it.
-struct DaemonSetHandler(Weak<DaemonSetController>);
-
-impl EventHandler<DaemonSet> for DaemonSetHandler {
-    fn on_add(&self, obj: &Arc<DaemonSet>, _is_initial_list: bool) {
-        if let Some(c) = self.0.upgrade() {
-            c.add_daemon_set(obj);
-        }
-    }
-    fn on_update(&self, old: &Arc<DaemonSet>, new: &Arc<DaemonSet>) {
-        if let Some(c) = self.0.upgrade() {
-            c.update_daemon_set(old, new);
-        }
-    }
-    fn on_delete(&self, obj: &Deleted<DaemonSet>) {
-        if let Some(c) = self.0.upgrade() {
-            c.delete_daemon_set(obj.object());
-        }
-    }
-}
-
-/// Feeds pod events to the controller.
-struct PodHandler(Weak<DaemonSetController>);
-
-impl EventHandler<Pod> for PodHandler {
-    fn on_add(&self, obj: &Arc<Pod>, _is_initial_list: bool) {
-        if let Some(c) = self.0.upgrade() {
-            c.add_pod(obj);
-        }
-    }
-    fn on_update(&self, old: &Arc<Pod>, new: &Arc<Pod>) {
-        if let Some(c) = self.0.upgrade() {
-            c.update_pod(old, new);
-        }
-    }
-    fn on_delete(&self, obj: &Deleted<Pod>) {
-        if let Some(c) = self.0.upgrade() {
-            c.delete_pod(obj.object());
-        }
-    }
-}
-
-/// Feeds node events to the controller.
-struct NodeHandler(Weak<DaemonSetController>);
-
-impl EventHandler<Node> for NodeHandler {
-    fn on_add(&self, obj: &Arc<Node>, _is_initial_list: bool) {
-        if let Some(c) = self.0.upgrade() {
-            c.add_node(obj);
-        }
-    }
-    fn on_update(&self, old: &Arc<Node>, new: &Arc<Node>) {
-        if let Some(c) = self.0.upgrade() {
-            c.update_node(old, new);
-        }
-    }
-    fn on_delete(&self, obj: &Deleted<Node>) {
-        if let Some(c) = self.0.upgrade() {
-            c.delete_node(obj.object());
-        }
     }
 }
 

@@ -28,17 +28,17 @@
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use skerry_client::cache::Indexer;
 use skerry_client::events::object_reference;
-use skerry_client::informer::{Deleted, EventHandler, SharedInformer};
+use skerry_client::informer::SharedInformer;
 use skerry_client::workqueue::WorkQueue;
 use skerry_client::{Client, Error, PostParams, key_of};
 use tokio_util::sync::CancellationToken;
@@ -52,7 +52,10 @@ use crate::podcontrol::{
     record_pod_delete, release_patch, slow_start_batch,
 };
 use crate::runtime::{self, Reconciler};
-use crate::util::{self, controller_of, is_pod_active, is_pod_ready, ready_condition};
+use crate::util::{
+    self, Forward, controller_of, is_pod_active, is_pod_ready, ready_condition,
+    resolve_controller_ref,
+};
 
 /// The most pods one sync creates or deletes. A ReplicaSet scaled from 0 to 10,000 gets there
 /// in 20 syncs of 500, each waiting for its expectations, rather than in one burst that
@@ -82,7 +85,6 @@ pub const EVENT_COMPONENT: &str = "replicaset-controller";
 /// The kind and apiVersion in a pod's controller reference to its ReplicaSet.
 const KIND: &str = "ReplicaSet";
 const API_VERSION: &str = "apps/v1";
-const GROUP: &str = "apps";
 
 /// The ReplicaSet reads and writes the controller makes besides pods: a live GET (to recheck
 /// that a ReplicaSet is not being deleted before adopting pods for it) and the status write.
@@ -174,8 +176,19 @@ impl ReplicaSetController {
             parts,
             Some((rs_informer.clone(), pod_informer.clone())),
         ));
-        rs_informer.add_handler(ReplicaSetHandler(Arc::downgrade(&controller)));
-        pod_informer.add_handler(PodHandler(Arc::downgrade(&controller)));
+        rs_informer.add_handler(Forward::new(
+            &controller,
+            |c, rs| c.add_replica_set(rs),
+            |c, old, new| c.update_replica_set(old, new),
+            |c, rs| c.delete_replica_set(rs),
+        ));
+        // A deleted pod's tombstone carries the last state the cache had; its UID is what matters.
+        pod_informer.add_handler(Forward::new(
+            &controller,
+            |c, pod| c.add_pod(pod),
+            |c, old, new| c.update_pod(old, new),
+            |c, pod| c.delete_pod(pod),
+        ));
         controller
     }
 
@@ -235,20 +248,6 @@ impl ReplicaSetController {
         self.queue.add(key_of(rs));
     }
 
-    /// The ReplicaSet a controller reference points at, if it is still that ReplicaSet (same
-    /// UID: not one deleted and re-created with the same name).
-    fn resolve_controller_ref(
-        &self,
-        namespace: &str,
-        r: &OwnerReference,
-    ) -> Option<Arc<ReplicaSet>> {
-        if r.kind != KIND || r.api_version.split('/').next() != Some(GROUP) {
-            return None;
-        }
-        let rs = self.replica_sets.get_by(namespace, &r.name)?;
-        (rs.metadata.uid.as_deref() == Some(r.uid.as_str())).then_some(rs)
-    }
-
     /// The ReplicaSets whose selector matches an orphan `pod` (Kubernetes'
     /// `GetPodReplicaSets`; an empty selector adopts nothing here).
     fn pod_replica_sets(&self, pod: &Pod) -> Vec<Arc<ReplicaSet>> {
@@ -299,7 +298,7 @@ impl ReplicaSetController {
         }
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         if let Some(r) = controller_of(&pod.metadata) {
-            let Some(rs) = self.resolve_controller_ref(namespace, r) else {
+            let Some(rs) = resolve_controller_ref(&self.replica_sets, namespace, r) else {
                 return;
             };
             let key = key_of(rs.as_ref());
@@ -337,12 +336,13 @@ impl ReplicaSetController {
         let old_ref = controller_of(&old.metadata);
         let ref_changed = cur_ref != old_ref;
         if ref_changed
-            && let Some(rs) = old_ref.and_then(|r| self.resolve_controller_ref(namespace, r))
+            && let Some(rs) =
+                old_ref.and_then(|r| resolve_controller_ref(&self.replica_sets, namespace, r))
         {
             self.enqueue(&rs);
         }
         if let Some(r) = cur_ref {
-            let Some(rs) = self.resolve_controller_ref(namespace, r) else {
+            let Some(rs) = resolve_controller_ref(&self.replica_sets, namespace, r) else {
                 return;
             };
             self.enqueue(&rs);
@@ -368,7 +368,7 @@ impl ReplicaSetController {
             return;
         };
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-        let Some(rs) = self.resolve_controller_ref(namespace, r) else {
+        let Some(rs) = resolve_controller_ref(&self.replica_sets, namespace, r) else {
             return;
         };
         let key = key_of(rs.as_ref());
@@ -1029,51 +1029,6 @@ pub fn compare_for_deletion(
         return compare_times(a, ca, b, cb, now);
     }
     Ordering::Equal
-}
-
-// ---- informer handlers --------------------------------------------------------------------
-
-/// Feeds ReplicaSet events to the controller. Holds it weakly: the informer outlives it.
-struct ReplicaSetHandler(Weak<ReplicaSetController>);
-
-impl EventHandler<ReplicaSet> for ReplicaSetHandler {
-    fn on_add(&self, obj: &Arc<ReplicaSet>, _is_initial_list: bool) {
-        if let Some(c) = self.0.upgrade() {
-            c.add_replica_set(obj);
-        }
-    }
-    fn on_update(&self, old: &Arc<ReplicaSet>, new: &Arc<ReplicaSet>) {
-        if let Some(c) = self.0.upgrade() {
-            c.update_replica_set(old, new);
-        }
-    }
-    fn on_delete(&self, obj: &Deleted<ReplicaSet>) {
-        if let Some(c) = self.0.upgrade() {
-            c.delete_replica_set(obj.object());
-        }
-    }
-}
-
-/// Feeds pod events to the controller. Holds it weakly: the informer outlives it.
-struct PodHandler(Weak<ReplicaSetController>);
-
-impl EventHandler<Pod> for PodHandler {
-    fn on_add(&self, obj: &Arc<Pod>, _is_initial_list: bool) {
-        if let Some(c) = self.0.upgrade() {
-            c.add_pod(obj);
-        }
-    }
-    fn on_update(&self, old: &Arc<Pod>, new: &Arc<Pod>) {
-        if let Some(c) = self.0.upgrade() {
-            c.update_pod(old, new);
-        }
-    }
-    fn on_delete(&self, obj: &Deleted<Pod>) {
-        // A tombstone carries the last state the cache had; its UID is what matters.
-        if let Some(c) = self.0.upgrade() {
-            c.delete_pod(obj.object());
-        }
-    }
 }
 
 #[cfg(test)]

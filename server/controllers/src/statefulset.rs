@@ -30,7 +30,7 @@
 //! [`plan`], and the status [`calculate_status`].
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -39,9 +39,9 @@ use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, Volume,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use skerry_client::cache::Indexer;
-use skerry_client::informer::{Deleted, EventHandler, SharedInformer};
+use skerry_client::informer::SharedInformer;
 use skerry_client::workqueue::WorkQueue;
 use skerry_client::{Client, Error, PostParams, key_of};
 use tokio_util::sync::CancellationToken;
@@ -52,7 +52,9 @@ use crate::daemonset::{CONTROLLER_REVISION_HASH_LABEL, claim_pods};
 use crate::hash::compute_hash;
 use crate::podcontrol::{CreatePodError, PodControl, Selector, pod_from_template};
 use crate::runtime::{self, Reconciler};
-use crate::util::{self, controller_of, is_pod_available, is_pod_ready};
+use crate::util::{
+    self, Forward, controller_of, is_pod_available, is_pod_ready, resolve_controller_ref,
+};
 
 /// The label naming a StatefulSet pod (apps/v1 `StatefulSetPodNameLabel`): a Service can
 /// select one member by it.
@@ -82,7 +84,6 @@ pub const REVISION_NAME_PREFIX_MAX: usize = 223;
 /// The kind and apiVersion in a pod's controller reference to its StatefulSet.
 const KIND: &str = "StatefulSet";
 const API_VERSION: &str = "apps/v1";
-const GROUP: &str = "apps";
 
 // ---- identity -----------------------------------------------------------------------------
 
@@ -593,8 +594,19 @@ impl StatefulSetController {
             parts,
             Some((set_informer.clone(), pod_informer.clone())),
         ));
-        set_informer.add_handler(StatefulSetHandler(Arc::downgrade(&controller)));
-        pod_informer.add_handler(PodHandler(Arc::downgrade(&controller)));
+        // Every StatefulSet change, deletion included, just queues its key.
+        set_informer.add_handler(Forward::new(
+            &controller,
+            |c, set| c.add_stateful_set(set),
+            |c, _old, new| c.add_stateful_set(new),
+            |c, set| c.add_stateful_set(set),
+        ));
+        pod_informer.add_handler(Forward::new(
+            &controller,
+            |c, pod| c.add_pod(pod),
+            |c, old, new| c.update_pod(old, new),
+            |c, pod| c.delete_pod(pod),
+        ));
         controller
     }
 
@@ -642,18 +654,6 @@ impl StatefulSetController {
         self.queue.add(key_of(set));
     }
 
-    fn resolve_controller_ref(
-        &self,
-        namespace: &str,
-        r: &OwnerReference,
-    ) -> Option<Arc<StatefulSet>> {
-        if r.kind != KIND || r.api_version.split('/').next() != Some(GROUP) {
-            return None;
-        }
-        let set = self.stateful_sets.get_by(namespace, &r.name)?;
-        (set.metadata.uid.as_deref() == Some(r.uid.as_str())).then_some(set)
-    }
-
     /// The StatefulSets that select an orphan `pod` and whose member it would be.
     fn pod_stateful_sets(&self, pod: &Pod) -> Vec<Arc<StatefulSet>> {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
@@ -682,7 +682,7 @@ impl StatefulSetController {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         match controller_of(&pod.metadata) {
             Some(r) => {
-                if let Some(set) = self.resolve_controller_ref(namespace, r) {
+                if let Some(set) = resolve_controller_ref(&self.stateful_sets, namespace, r) {
                     self.enqueue(&set);
                 }
             }
@@ -702,13 +702,14 @@ impl StatefulSetController {
         let namespace = cur.metadata.namespace.as_deref().unwrap_or_default();
         let (old_ref, cur_ref) = (controller_of(&old.metadata), controller_of(&cur.metadata));
         if old_ref != cur_ref
-            && let Some(set) = old_ref.and_then(|r| self.resolve_controller_ref(namespace, r))
+            && let Some(set) =
+                old_ref.and_then(|r| resolve_controller_ref(&self.stateful_sets, namespace, r))
         {
             self.enqueue(&set);
         }
         match cur_ref {
             Some(r) => {
-                let Some(set) = self.resolve_controller_ref(namespace, r) else {
+                let Some(set) = resolve_controller_ref(&self.stateful_sets, namespace, r) else {
                     return;
                 };
                 self.enqueue(&set);
@@ -735,7 +736,7 @@ impl StatefulSetController {
             return;
         };
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-        if let Some(set) = self.resolve_controller_ref(namespace, r) {
+        if let Some(set) = resolve_controller_ref(&self.stateful_sets, namespace, r) {
             self.enqueue(&set);
         }
     }
@@ -922,50 +923,6 @@ impl Reconciler for StatefulSetController {
     async fn sync(&self, key: &str) -> anyhow::Result<()> {
         let span = tracing::debug_span!("sync", statefulset = %key);
         self.sync_stateful_set(key).instrument(span).await
-    }
-}
-
-// ---- informer handlers --------------------------------------------------------------------
-
-/// Feeds StatefulSet events to the controller. Holds it weakly: the informer outlives it.
-struct StatefulSetHandler(Weak<StatefulSetController>);
-
-impl EventHandler<StatefulSet> for StatefulSetHandler {
-    fn on_add(&self, obj: &Arc<StatefulSet>, _is_initial_list: bool) {
-        if let Some(c) = self.0.upgrade() {
-            c.add_stateful_set(obj);
-        }
-    }
-    fn on_update(&self, _old: &Arc<StatefulSet>, new: &Arc<StatefulSet>) {
-        if let Some(c) = self.0.upgrade() {
-            c.add_stateful_set(new);
-        }
-    }
-    fn on_delete(&self, obj: &Deleted<StatefulSet>) {
-        if let Some(c) = self.0.upgrade() {
-            c.add_stateful_set(obj.object());
-        }
-    }
-}
-
-/// Feeds pod events to the controller.
-struct PodHandler(Weak<StatefulSetController>);
-
-impl EventHandler<Pod> for PodHandler {
-    fn on_add(&self, obj: &Arc<Pod>, _is_initial_list: bool) {
-        if let Some(c) = self.0.upgrade() {
-            c.add_pod(obj);
-        }
-    }
-    fn on_update(&self, old: &Arc<Pod>, new: &Arc<Pod>) {
-        if let Some(c) = self.0.upgrade() {
-            c.update_pod(old, new);
-        }
-    }
-    fn on_delete(&self, obj: &Deleted<Pod>) {
-        if let Some(c) = self.0.upgrade() {
-            c.delete_pod(obj.object());
-        }
     }
 }
 

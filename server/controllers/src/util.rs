@@ -1,10 +1,13 @@
 //! Small facts about pods and owners every controller needs (client-go's `podutil` and
 //! `metav1.GetControllerOf`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use skerry_client::Object;
+use skerry_client::cache::Indexer;
+use skerry_client::informer::{Deleted, EventHandler};
 
 /// The owner reference with `controller: true`, if any.
 pub fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
@@ -94,4 +97,68 @@ pub fn owned_by<'a, K: k8s_openapi::Metadata<Ty = ObjectMeta>>(
 ) -> impl Iterator<Item = &'a Arc<K>> + 'a {
     list.iter()
         .filter(move |o| controller_of(o.metadata()).is_some_and(|r| r.uid == uid))
+}
+
+/// The cached object a controller reference points at, if it is still that object
+/// (Kubernetes' `resolveControllerRef`): the reference's kind and API group must be `K`'s,
+/// and the uid must match the cached object of that name — a different uid is a deleted
+/// predecessor with the same name.
+pub fn resolve_controller_ref<K>(
+    store: &Indexer<K>,
+    namespace: &str,
+    r: &OwnerReference,
+) -> Option<Arc<K>>
+where
+    K: Object + k8s_openapi::Resource,
+{
+    if r.kind != K::KIND || r.api_version.split('/').next() != Some(K::GROUP) {
+        return None;
+    }
+    let obj = store.get_by(namespace, &r.name)?;
+    (obj.metadata().uid.as_deref() == Some(r.uid.as_str())).then_some(obj)
+}
+
+/// Forwards an informer's notifications to a controller it holds weakly (the informer
+/// outlives the controller): each notification calls one of three plain functions on the
+/// controller, if it is still alive. Tombstones are handed over as their last known state.
+pub struct Forward<C, K> {
+    controller: Weak<C>,
+    add: fn(&C, &Arc<K>),
+    update: fn(&C, &Arc<K>, &Arc<K>),
+    delete: fn(&C, &Arc<K>),
+}
+
+impl<C, K> Forward<C, K> {
+    /// A handler calling `add`, `update` and `delete` on `controller`.
+    pub fn new(
+        controller: &Arc<C>,
+        add: fn(&C, &Arc<K>),
+        update: fn(&C, &Arc<K>, &Arc<K>),
+        delete: fn(&C, &Arc<K>),
+    ) -> Forward<C, K> {
+        Forward {
+            controller: Arc::downgrade(controller),
+            add,
+            update,
+            delete,
+        }
+    }
+}
+
+impl<C: Send + Sync + 'static, K: Object> EventHandler<K> for Forward<C, K> {
+    fn on_add(&self, obj: &Arc<K>, _is_initial_list: bool) {
+        if let Some(c) = self.controller.upgrade() {
+            (self.add)(&c, obj);
+        }
+    }
+    fn on_update(&self, old: &Arc<K>, new: &Arc<K>) {
+        if let Some(c) = self.controller.upgrade() {
+            (self.update)(&c, old, new);
+        }
+    }
+    fn on_delete(&self, obj: &Deleted<K>) {
+        if let Some(c) = self.controller.upgrade() {
+            (self.delete)(&c, obj.object());
+        }
+    }
 }
