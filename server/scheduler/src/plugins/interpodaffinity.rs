@@ -994,6 +994,11 @@ impl PreScorePlugin for InterPodAffinity {
         }
         let has_constraints = !pod.preferred_affinity_terms.is_empty()
             || !pod.preferred_anti_affinity_terms.is_empty();
+        // Nothing can score: the pod prefers nothing and no existing pod has affinity terms.
+        // Every node would score 0, so skip building the context and walking the nodes.
+        if !has_constraints && snapshot.have_pods_with_affinity_list.is_empty() {
+            return skip();
+        }
         let context = ScoreContext {
             pod: &pod.pod,
             preferred_affinity: self.merged_weighted(&pod.preferred_affinity_terms),

@@ -297,7 +297,7 @@ impl Algorithm {
             }
         }
 
-        let nodes = self.snapshot.node_info_list.clone();
+        let nodes = &self.snapshot.node_info_list;
         let num_all_nodes = nodes.len();
         let mut num_to_find =
             num_feasible_nodes_to_find(num_all_nodes, self.percentage_of_nodes_to_score);
@@ -309,7 +309,7 @@ impl Algorithm {
         let filtered = self.filter_nodes(
             state,
             pod,
-            &nodes,
+            nodes,
             start,
             num_to_find,
             nominated,
