@@ -1408,6 +1408,11 @@ impl SchedulingQueue {
             .unwrap_or_default()
     }
 
+    /// Whether any pod is nominated to any node (empty node entries are removed).
+    pub fn has_nominated_pods(&self) -> bool {
+        !self.nominator.read().nominated_pods.is_empty()
+    }
+
     /// The node a pod (by UID) is nominated to.
     pub fn nominated_node_of(&self, uid: &str) -> Option<String> {
         self.nominator

@@ -268,28 +268,35 @@ impl Framework {
     /// `RunFilterPlugins`). The status names the rejecting plugin.
     pub fn run_filter_plugins(&self, state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
         let skip = state.read::<SkipSet>(SKIP_FILTER_PLUGINS_KEY);
-        for plugin in &self.filter {
-            if skip.is_some_and(|s| s.contains(plugin.name())) {
-                continue;
-            }
-            let mut status = plugin.filter(state, pod, node);
-            if status.is_success() || status.is_skip() {
-                continue;
-            }
-            if status.is_rejected() {
-                status.plugin = plugin.name();
-                return status;
-            }
-            return error_status(
-                plugin.name(),
-                format!(
-                    "running {:?} filter plugin: {}",
-                    plugin.name(),
-                    status.reasons.join(", ")
-                ),
-            );
-        }
-        Status::success()
+        let active = self
+            .filter
+            .iter()
+            .filter(|plugin| !skip.is_some_and(|s| s.contains(plugin.name())));
+        run_filters(active, state, pod, node)
+    }
+
+    /// The Filter plugins that run for this cycle's pod: all but those whose PreFilter
+    /// answered Skip. The scheduling cycle resolves them once and hands them to
+    /// [`Framework::run_active_filter_plugins`] for every node, so the per-node walk neither
+    /// looks the skip set up in the CycleState nor compares plugin names.
+    pub fn active_filter_plugins(&self, state: &CycleState) -> Vec<&Arc<dyn FilterPlugin>> {
+        let skip = state.read::<SkipSet>(SKIP_FILTER_PLUGINS_KEY);
+        self.filter
+            .iter()
+            .filter(|plugin| !skip.is_some_and(|s| s.contains(plugin.name())))
+            .collect()
+    }
+
+    /// [`Framework::run_filter_plugins`] with the plugins already resolved by
+    /// [`Framework::active_filter_plugins`] for the same `state`.
+    pub fn run_active_filter_plugins(
+        &self,
+        active: &[&Arc<dyn FilterPlugin>],
+        state: &CycleState,
+        pod: &PodInfo,
+        node: &NodeInfo,
+    ) -> Status {
+        run_filters(active.iter().copied(), state, pod, node)
     }
 
     /// Filter with nominated pods (Kubernetes' `RunFilterPluginsWithNominatedPods`):
@@ -377,21 +384,22 @@ impl Framework {
         nodes: &[Arc<NodeInfo>],
     ) -> Result<Vec<NodePluginScores>, Status> {
         let skip = state.read::<SkipSet>(SKIP_SCORE_PLUGINS_KEY);
-        let mut totals: Vec<NodePluginScores> = nodes
+        let mut totals: Vec<i64> = vec![0; nodes.len()];
+        // One list of (name, score) for all plugins: each plugin overwrites the scores, so
+        // each node's name is copied once per cycle, not once per plugin.
+        let mut scores: Vec<NodeScore> = nodes
             .iter()
-            .map(|n| NodePluginScores {
+            .map(|n| NodeScore {
                 name: n.name().to_string(),
-                total_score: 0,
+                score: 0,
             })
             .collect();
-        let mut scores: Vec<NodeScore> = Vec::with_capacity(nodes.len());
         for plugin in &self.score {
             if skip.is_some_and(|s| s.contains(plugin.name())) {
                 continue;
             }
-            scores.clear();
-            for node in nodes {
-                let score = plugin.score(state, pod, node).map_err(|status| {
+            for (node, slot) in nodes.iter().zip(scores.iter_mut()) {
+                slot.score = plugin.score(state, pod, node).map_err(|status| {
                     error_status(
                         plugin.name(),
                         format!(
@@ -402,10 +410,6 @@ impl Framework {
                         ),
                     )
                 })?;
-                scores.push(NodeScore {
-                    name: node.name().to_string(),
-                    score,
-                });
             }
             let status = plugin.normalize(state, pod, &mut scores);
             if !status.is_success() {
@@ -431,14 +435,51 @@ impl Framework {
                         ),
                     ));
                 }
-                total.total_score += score.score * weight;
+                *total += score.score * weight;
             }
         }
+        let totals = scores
+            .into_iter()
+            .zip(totals)
+            .map(|(score, total_score)| NodePluginScores {
+                name: score.name,
+                total_score,
+            })
+            .collect();
         Ok(totals)
     }
 }
 
 /// An Error status from `plugin`.
+/// The body of Kubernetes' `RunFilterPlugins` over the given plugins: the first rejection
+/// wins and names its plugin; an error is reported as such.
+fn run_filters<'a>(
+    plugins: impl Iterator<Item = &'a Arc<dyn FilterPlugin>>,
+    state: &CycleState,
+    pod: &PodInfo,
+    node: &NodeInfo,
+) -> Status {
+    for plugin in plugins {
+        let mut status = plugin.filter(state, pod, node);
+        if status.is_success() || status.is_skip() {
+            continue;
+        }
+        if status.is_rejected() {
+            status.plugin = plugin.name();
+            return status;
+        }
+        return error_status(
+            plugin.name(),
+            format!(
+                "running {:?} filter plugin: {}",
+                plugin.name(),
+                status.reasons.join(", ")
+            ),
+        );
+    }
+    Status::success()
+}
+
 fn error_status(plugin: &'static str, message: String) -> Status {
     Status {
         code: Code::Error,

@@ -81,6 +81,11 @@ fn chunk_size(n: usize, parallelism: usize) -> usize {
 pub trait NominatedPods: Sync {
     /// The pods nominated to `node`.
     fn nominated_pods_for_node(&self, node: &str) -> Vec<Arc<PodInfo>>;
+    /// Whether any pod is nominated anywhere. Asked once per cycle: when none is (the common
+    /// case outside preemption), Filter skips the per-node lookup and its lock.
+    fn has_nominated_pods(&self) -> bool {
+        true
+    }
 }
 
 /// No nominated pods.
@@ -90,6 +95,9 @@ pub struct NoNominatedPods;
 impl NominatedPods for NoNominatedPods {
     fn nominated_pods_for_node(&self, _node: &str) -> Vec<Arc<PodInfo>> {
         Vec::new()
+    }
+    fn has_nominated_pods(&self) -> bool {
+        false
     }
 }
 
@@ -359,11 +367,18 @@ impl Algorithm {
                 processed,
             });
         }
+        // Resolved once per cycle, not once per node.
+        let active = framework.active_filter_plugins(state);
+        let any_nominated = nominated.has_nominated_pods();
         let check = |i: usize| -> (usize, Status) {
             let node = &nodes[(start + i) % n];
-            let nominated_pods = nominated.nominated_pods_for_node(node.name());
+            let nominated_pods = if any_nominated {
+                nominated.nominated_pods_for_node(node.name())
+            } else {
+                Vec::new()
+            };
             let status = if nominated_pods.is_empty() {
-                framework.run_filter_plugins(state, pod, node)
+                framework.run_active_filter_plugins(&active, state, pod, node)
             } else {
                 framework.run_filter_plugins_with_nominated_pods(state, pod, node, &nominated_pods)
             };

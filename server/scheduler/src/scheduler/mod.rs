@@ -433,6 +433,9 @@ impl NominatedPods for QueueNominator<'_> {
     fn nominated_pods_for_node(&self, node: &str) -> Vec<Arc<PodInfo>> {
         self.0.nominated_pods_for_node(node)
     }
+    fn has_nominated_pods(&self) -> bool {
+        self.0.has_nominated_pods()
+    }
 }
 
 impl crate::metrics::PendingPods for SchedulingQueue {
