@@ -104,6 +104,19 @@ pub const RESPONSE_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// prefix from making the client allocate gigabytes.
 pub const WATCH_FRAME_BYTES_MAX: usize = 16 * 1024 * 1024;
 
+/// How many times one request is retried when the server answers 429 or 5xx *with* a
+/// `Retry-After` header (client-go's `maxRetries`, `rest/request.go`, default 10). Such an
+/// answer says the request was not processed — the apiserver's max-in-flight limit, a member
+/// still starting — so any verb is safe to resend; a 5xx without the header may have been
+/// applied and goes back to the caller.
+pub const RETRY_AFTER_RETRIES_MAX: u32 = 10;
+
+/// Cap on one `Retry-After` wait. skerry's apiserver asks for 1 s (10 s for an eviction whose
+/// budget is still being processed); the header is the server's input, and a controller must
+/// not sleep for whatever a broken or hostile server names. Ten retries at the cap stay within
+/// a few minutes.
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(10);
+
 /// Bytes of a non-Status error body quoted in the synthesized Status message: enough for a
 /// proxy's error page to be recognisable, short enough for a log line.
 const ERROR_BODY_QUOTE_BYTES_MAX: usize = 512;
@@ -320,18 +333,39 @@ impl Client {
         body: Option<(String, Bytes)>,
         accept: &str,
     ) -> Result<Answer, Error> {
-        let request = self.request(method, path_and_query, body, accept)?;
-        self.inner.limiter.acquire().await;
-        let exchange = async {
-            let response = self.send_now(method, path_and_query, request).await?;
-            read_answer(response, path_and_query).await
-        };
-        match tokio::time::timeout(self.inner.timeout, exchange).await {
-            Ok(answer) => answer,
-            Err(_) => Err(Error::Transport(format!(
-                "{method:?} {path_and_query}: no answer within {:?}",
-                self.inner.timeout
-            ))),
+        let mut retries = 0;
+        loop {
+            let request = self.request(method, path_and_query, body.clone(), accept)?;
+            // Every attempt, retries included, waits for a token, as client-go's do.
+            self.inner.limiter.acquire().await;
+            let exchange = async {
+                let response = self.send_now(method, path_and_query, request).await?;
+                read_answer(response, path_and_query).await
+            };
+            let answer = match tokio::time::timeout(self.inner.timeout, exchange).await {
+                Ok(answer) => answer?,
+                Err(_) => {
+                    return Err(Error::Transport(format!(
+                        "{method:?} {path_and_query}: no answer within {:?}",
+                        self.inner.timeout
+                    )));
+                }
+            };
+            match answer.retry_after {
+                Some(wait) if retries < RETRY_AFTER_RETRIES_MAX => {
+                    retries += 1;
+                    tracing::debug!(
+                        method = ?method,
+                        path = %path_and_query,
+                        code = answer.code,
+                        ?wait,
+                        retries,
+                        "the server asked to retry later"
+                    );
+                    tokio::time::sleep(wait).await;
+                }
+                _ => return Ok(answer),
+            }
         }
     }
 
@@ -1025,6 +1059,9 @@ struct Answer {
     code: u16,
     content_type: String,
     body: Bytes,
+    /// Set when the answer is a 429 or 5xx with a valid `Retry-After` (capped at
+    /// [`RETRY_AFTER_MAX`]): the server did not process the request and asks for it again.
+    retry_after: Option<Duration>,
 }
 
 impl Answer {
@@ -1092,6 +1129,7 @@ impl Answer {
 async fn read_answer(response: http::Response<Incoming>, path: &str) -> Result<Answer, Error> {
     let code = response.status().as_u16();
     let content_type = content_type_of(response.headers()).to_string();
+    let retry_after = retry_after(code, response.headers());
     let body = Limited::new(response.into_body(), RESPONSE_BYTES_MAX)
         .collect()
         .await
@@ -1101,7 +1139,25 @@ async fn read_answer(response: http::Response<Incoming>, path: &str) -> Result<A
         code,
         content_type,
         body,
+        retry_after,
     })
+}
+
+/// client-go's `checkWait`: a 429 or 5xx with `Retry-After: <seconds>` asks for a retry after
+/// that long (capped at [`RETRY_AFTER_MAX`]). Other codes, a missing header, or one that is not
+/// a non-negative integer (the HTTP-date form included, as client-go) ask for nothing.
+fn retry_after(code: u16, headers: &http::HeaderMap) -> Option<Duration> {
+    if code != 429 && !(500..=599).contains(&code) {
+        return None;
+    }
+    let seconds: u64 = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds).min(RETRY_AFTER_MAX))
 }
 
 fn content_type_of(headers: &http::HeaderMap) -> &str {
@@ -1753,11 +1809,42 @@ mod tests {
     }
 
     #[test]
+    fn retry_after_is_read_as_client_go_reads_it() {
+        let headers = |value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_str(value).unwrap(),
+            );
+            headers
+        };
+        assert_eq!(
+            retry_after(429, &headers("1")),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(retry_after(503, &headers(" 0 ")), Some(Duration::ZERO));
+        assert_eq!(
+            retry_after(429, &headers("86400")),
+            Some(RETRY_AFTER_MAX),
+            "a server cannot park a client for a day"
+        );
+        assert_eq!(retry_after(409, &headers("1")), None, "only 429 and 5xx");
+        assert_eq!(retry_after(500, &http::HeaderMap::new()), None);
+        assert_eq!(retry_after(429, &headers("-1")), None);
+        assert_eq!(
+            retry_after(429, &headers("Wed, 21 Oct 2015 07:28:00 GMT")),
+            None,
+            "the HTTP-date form is ignored, as client-go ignores it"
+        );
+    }
+
+    #[test]
     fn non_status_errors_are_synthesized() {
         let answer = Answer {
             code: 503,
             content_type: "text/html".into(),
             body: Bytes::from_static(b"<h1>upstream down</h1>"),
+            retry_after: None,
         };
         let e = answer.into_error();
         assert!(e.is_retryable());
@@ -1773,6 +1860,7 @@ mod tests {
             body: Bytes::from_static(
                 br#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Expired","code":410,"message":"too old"}"#,
             ),
+            retry_after: None,
         };
         assert!(gone.into_error().is_gone());
     }

@@ -951,10 +951,10 @@ impl EventWriter {
                 self.correlator.update_state(&correlated.key, &written);
                 Attempt::Done
             }
-            // client-go retries only what its rest client could not deliver; its rest client
-            // has already retried 429 and 5xx with Retry-After, which ours does not, so those
-            // are retried here.
-            Err(e) if e.is_retryable() => Attempt::Retry(e),
+            // client-go's `recordToSink` retries only what could not be delivered: the rest
+            // client (ours too, `api::RETRY_AFTER_RETRIES_MAX`) has already retried 429 and
+            // 5xx with Retry-After, and any answer the server gave is final.
+            Err(e @ Error::Transport(_)) => Attempt::Retry(e),
             Err(e) => {
                 self.stats.write_failed.fetch_add(1, Ordering::Relaxed);
                 if e.is_already_exists() {
