@@ -76,7 +76,7 @@ pub fn namespace(obj: &Value) -> Option<&str> {
 
 /// Fills what a create owns: namespace from the URL, a generated name, uid,
 /// creationTimestamp, generation 1; drops resourceVersion, deletion fields and (for kinds
-/// with a status subresource) the status the client sent.
+/// with a status subresource, but Namespace and Node) the status the client sent.
 pub fn prepare_create(
     resource: &ResourceInfo,
     obj: &mut Value,
@@ -141,8 +141,12 @@ pub fn prepare_create(
     } else {
         meta.remove("generation");
     }
+    // Kubernetes' create strategies reset the status of every kind with a status subresource,
+    // except two: a Namespace (it starts Active) and a Node, whose strategy keeps the status
+    // sent on create because a kubelet registers its node with capacity, addresses and
+    // conditions in one request.
     if resource.subresource("status").is_some()
-        && resource.resource != "namespaces"
+        && !matches!(resource.resource, "namespaces" | "nodes")
         && let Some(o) = obj.as_object_mut()
     {
         o.remove("status");
@@ -379,6 +383,30 @@ mod tests {
             .get("generation")
             .cloned()
             .unwrap_or(Value::Null)
+    }
+
+    // Reference: Kubernetes 1.32 pkg/registry/core/node/strategy.go (PrepareForCreate keeps
+    // the status) against pod/strategy.go (resets it).
+    #[test]
+    fn a_node_keeps_the_status_it_is_created_with_and_a_pod_does_not() {
+        let nodes = lookup("", "v1", "nodes").expect("nodes");
+        let status = json!({"capacity": {"cpu": "4", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}]});
+        let mut node = json!({"metadata": {"name": "n1"}, "status": status.clone()});
+        prepare_create(nodes, &mut node, None).expect("create");
+        assert_eq!(
+            node["status"], status,
+            "a kubelet registers its node with its status"
+        );
+
+        let pods = lookup("", "v1", "pods").expect("pods");
+        let mut pod = json!({"metadata": {"name": "p"}, "spec": {"containers": []},
+            "status": {"phase": "Running"}});
+        prepare_create(pods, &mut pod, Some("default")).expect("create");
+        assert!(
+            pod.get("status").is_none(),
+            "a pod's create may not set its status"
+        );
     }
 
     // Reference: Kubernetes 1.32 pkg/registry/policy/poddisruptionbudget/strategy.go.
