@@ -14,7 +14,8 @@
 //!   pinned readers: a member down or cut off for a while would hold compaction back for the
 //!   whole cluster, which is what this harness wants to exercise. So a pinned reader can be
 //!   cut off; it resumes from the compact revision and records the revisions it lost as a
-//!   hole, which the replicas check skips.
+//!   hole (up to and including the compact revision, whose deletes compaction drops), which
+//!   the replicas check skips.
 //!
 //! The trade-off against reading every member's history from revision 1 at the end, with no
 //! compaction: the committed history is as complete as before (every revision, read live),
@@ -175,7 +176,14 @@ pub async fn run_reader(spec: ReaderSpec, mut stop: watch::Receiver<bool>) -> Re
             StreamEnd::Stopped => break,
             StreamEnd::Compacted(compact_revision) => {
                 if compact_revision > next {
-                    history.holes.push((next, compact_revision - 1));
+                    // The compact revision itself is part of the hole: etcd 3.4.23's
+                    // compaction drops a tombstone at exactly the compact revision, so a watch
+                    // resumed there gets that revision's puts without its deletes
+                    // (etcd-io/etcd#18089, fixed by #18274 in later releases; seen here as
+                    // "compact 3913", then no `Delete` at 3913 on the resumed reader). skerry
+                    // keeps that tombstone, as fixed etcd does. Events at the compact revision
+                    // are still recorded, just not compared.
+                    history.holes.push((next, compact_revision));
                     next = compact_revision;
                 } else {
                     history.anomaly(format!(
