@@ -29,6 +29,10 @@ use skerry_scheduler::scheduler::{
     Algorithm, DEFAULT_PARALLELISM, DEFAULT_SCHEDULER_NAME, NoNominatedPods, PERCENTAGE_ADAPTIVE,
 };
 
+/// The allocator of the shipped `skerry` binary (see `appliance/src/main.rs`).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// scheduler_perf's zone values.
 const ZONES: [&str; 3] = ["moon-1", "moon-2", "moon-3"];
 /// Cluster sizes of SchedulingBasic.
