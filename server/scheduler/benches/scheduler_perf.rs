@@ -783,6 +783,9 @@ async fn run_once(workload: &Workload, mode: Mode, seed: u64) -> Result<RunResul
 
     let stats = scheduler.stats();
     let (preemptions, bind_failures) = (stats.preemptions(), stats.bind_failures());
+    // A failed bind costs the pod another cycle; nothing in these workloads should cause one
+    // (a 429 from the apiserver's in-flight limit is retried by the client, as client-go's).
+    ensure!(bind_failures == 0, "{bind_failures} binds failed");
     let check = check(&admin, workload, preemptions).await?;
     stop.cancel();
     let _ = running.await;
