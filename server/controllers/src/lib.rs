@@ -5,6 +5,7 @@
 pub mod context;
 pub mod daemonset;
 pub mod deployment;
+pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
 pub mod expectations;

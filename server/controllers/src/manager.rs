@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::context::{Context, DEFAULT_RESYNC, InformerFactory};
 use crate::daemonset::DaemonSetController;
 use crate::deployment::DeploymentController;
+use crate::disruption::DisruptionController;
 use crate::endpoints::EndpointsController;
 use crate::endpointslice::EndpointSliceController;
 use crate::garbagecollector::GarbageCollector;
@@ -71,6 +72,11 @@ pub mod workers {
     pub const STATEFULSET: usize = 5;
     /// The node lifecycle controller's workers (Kubernetes' node update workers: 8).
     pub const NODE_LIFECYCLE: usize = 8;
+    /// The disruption controller's workers per queue: kube-controller-manager starts one
+    /// worker on each of its queues and has no `--concurrent-*` flag for it. One is enough
+    /// (a sync is a cache read and at most one status write) and keeps a budget's writes in
+    /// order.
+    pub const DISRUPTION: usize = 1;
 }
 
 /// Makes the client a controller writes with, given its service account's name in
@@ -221,6 +227,11 @@ fn controllers(
         "statefulset-controller",
         StatefulSetController,
         workers::STATEFULSET
+    );
+    controller!(
+        "disruption-controller",
+        DisruptionController,
+        workers::DISRUPTION
     );
     Ok(running)
 }

@@ -55,9 +55,10 @@ const READ_WRITE: &[&str] = &[
 ];
 
 /// The controllers skerry runs, by the name of their service account in `kube-system`.
-pub const CONTROLLERS: [&str; 10] = [
+pub const CONTROLLERS: [&str; 11] = [
     "daemon-set-controller",
     "deployment-controller",
+    "disruption-controller",
     "endpoint-controller",
     "endpointslice-controller",
     "generic-garbage-collector",
@@ -689,6 +690,22 @@ fn controller_roles() -> Vec<ClusterRole> {
             ],
         ),
         controller(
+            "disruption-controller",
+            vec![
+                rule(READ, &["extensions", "apps"], &["deployments"]),
+                rule(READ, &["apps", "extensions"], &["replicasets"]),
+                rule(READ, &[""], &["replicationcontrollers"]),
+                rule(READ, &["policy"], &["poddisruptionbudgets"]),
+                rule(READ, &["apps"], &["statefulsets"]),
+                rule(&["update"], &["policy"], &["poddisruptionbudgets/status"]),
+                // Clearing stale DisruptionTarget pod conditions.
+                rule(&["patch", "update"], &[""], &["pods/status"]),
+                // The expected pod count of any controller with a scale subresource.
+                rule(&["get"], &["*"], &["*/scale"]),
+                events(),
+            ],
+        ),
+        controller(
             "endpoint-controller",
             vec![
                 rule(READ, &[""], &["services", "pods"]),
@@ -933,6 +950,38 @@ mod tests {
         for controller in CONTROLLERS {
             find(&roles, &format!("system:controller:{controller}"));
         }
+    }
+
+    #[test]
+    fn the_disruption_controller_may_write_budget_status_and_read_scales() {
+        let policy = RbacSnapshot::bootstrap();
+        let user = UserInfo::authenticated(
+            "system:serviceaccount:kube-system:disruption-controller",
+            "",
+            vec!["system:serviceaccounts".into()],
+        );
+        let allowed = |verb: &str, group: &str, resource: &str, subresource: &str| {
+            let attributes = Attributes::resource(user.clone(), verb, group, resource, "ns", "x");
+            let attributes = if subresource.is_empty() {
+                attributes
+            } else {
+                attributes.with_subresource(subresource)
+            };
+            authorize(&attributes, &policy).allowed
+        };
+        assert!(allowed(
+            "update",
+            "policy",
+            "poddisruptionbudgets",
+            "status"
+        ));
+        assert!(allowed("watch", "policy", "poddisruptionbudgets", ""));
+        assert!(allowed("get", "apps", "deployments", "scale"));
+        assert!(allowed("get", "example.com", "widgets", "scale"));
+        assert!(allowed("update", "", "pods", "status"));
+        assert!(!allowed("update", "apps", "deployments", "scale"));
+        assert!(!allowed("update", "policy", "poddisruptionbudgets", ""));
+        assert!(!allowed("delete", "", "pods", ""));
     }
 
     #[test]
