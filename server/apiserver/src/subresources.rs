@@ -508,8 +508,9 @@ fn pod_ready(pod: &Value) -> bool {
 }
 
 /// Whether `pdb` covers `pod` (Kubernetes' `getPodDisruptionBudgets`): same namespace and a
-/// selector that matches its labels. A missing, empty or malformed selector covers nothing —
-/// a budget that slipped through with one must not freeze every pod of its namespace.
+/// selector that matches its labels. policy/v1 semantics: a null selector covers no pod and an
+/// empty one (`{}`) every pod of the namespace. A malformed selector covers nothing — a
+/// budget that slipped through with one must not freeze every pod of its namespace.
 fn pdb_covers(pdb: &Value, pod: &Value) -> bool {
     if meta::namespace(pdb) != meta::namespace(pod) {
         return false;
@@ -523,10 +524,8 @@ fn pdb_covers(pdb: &Value, pod: &Value) -> bool {
         return false;
     };
     match skerry_api::selector::LabelSelector::from_api(&selector) {
-        Ok(selector) if !selector.is_empty() => {
-            selector.matches(&skerry_api::selector::labels_of(pod))
-        }
-        _ => false,
+        Ok(selector) => selector.matches(&skerry_api::selector::labels_of(pod)),
+        Err(_) => false,
     }
 }
 
@@ -1036,16 +1035,27 @@ mod tests {
         ));
         assert!(!pdb_covers(&budget, &pod("default", json!({"app": "db"}))));
         assert!(!pdb_covers(&budget, &pod("other", json!({"app": "web"}))));
-        // No selector, an empty one or a malformed one covers nothing.
+        // No selector or a malformed one covers nothing.
         for selector in [
             Value::Null,
-            json!({}),
             json!({"matchExpressions": [{"key": "app", "operator": "Bogus"}]}),
         ] {
             let mut b = budget.clone();
             b["spec"]["selector"] = selector;
             assert!(!pdb_covers(&b, &pod("default", json!({"app": "web"}))));
         }
+        // An empty one covers every pod of its namespace (policy/v1), and no other.
+        let mut everything = budget.clone();
+        everything["spec"]["selector"] = json!({});
+        assert!(pdb_covers(
+            &everything,
+            &pod("default", json!({"app": "db"}))
+        ));
+        assert!(pdb_covers(&everything, &pod("default", Value::Null)));
+        assert!(!pdb_covers(
+            &everything,
+            &pod("other", json!({"app": "db"}))
+        ));
     }
 
     #[test]
