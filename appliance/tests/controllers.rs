@@ -1,7 +1,8 @@
 //! The controllers through the real kubectl: Deployments roll out, roll back, scale and
 //! cascade; namespaces empty themselves and go; every namespace gets its `default`
-//! ServiceAccount; and when the member running the controllers dies, another takes the
-//! `kube-controller-manager` Lease and carries on.
+//! ServiceAccount; a PodDisruptionBudget holds `kubectl drain` back; and when the member
+//! running the controllers dies, another takes the `kube-controller-manager` Lease and carries
+//! on.
 //!
 //! There is no kubelet yet, so pods stay Pending unless [`FakeKubelet`] — a thread that
 //! reports every pod Running and Ready through the status subresource, as a kubelet would —
@@ -811,4 +812,139 @@ fn the_scheduler_binds_pods_reports_what_does_not_fit_and_preempts_by_priority()
         "name",
     ]);
     assert!(!events.trim().is_empty(), "no Preempted event");
+}
+
+/// One node as a kubelet registers it, status included.
+const ONE_NODE: &str = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"box-a","labels":{"kubernetes.io/hostname":"box-a"}},"status":{"capacity":{"cpu":"4","memory":"8Gi","pods":"110"},"allocatable":{"cpu":"4","memory":"8Gi","pods":"110"},"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","lastHeartbeatTime":"2026-01-01T00:00:00Z","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#;
+
+/// The `web` pods bound to box-a and not being deleted.
+fn web_pods_on_box_a(kube: &Kube) -> Vec<String> {
+    kube.ok(&[
+        "get",
+        "pods",
+        "-l",
+        "app=web",
+        "-o",
+        r#"jsonpath={range .items[?(@.spec.nodeName=="box-a")]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}"#,
+    ])
+    .lines()
+    .filter_map(|l| {
+        let mut parts = l.split_whitespace();
+        let name = parts.next()?;
+        parts.next().is_none().then(|| name.to_string())
+    })
+    .collect()
+}
+
+#[test]
+fn a_pod_disruption_budget_holds_kubectl_drain_back() {
+    let kube = Kube::start(&[]);
+    kube.ok_in(&["apply", "-f", "-"], Some(ONE_NODE));
+    kube.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=nginx:1.27",
+        "--replicas=3",
+    ]);
+    kube.ok(&[
+        "create",
+        "poddisruptionbudget",
+        "web",
+        "--selector=app=web",
+        "--min-available=2",
+    ]);
+    // The three pods run and are Ready on box-a: the disruption controller allows one
+    // disruption (3 healthy, 2 needed).
+    let kubelet = FakeKubelet::start(&kube, "default");
+    converge(
+        &kube,
+        &[
+            "get",
+            "pdb",
+            "web",
+            "-o",
+            "jsonpath={.status.expectedPods} {.status.currentHealthy} {.status.desiredHealthy} {.status.disruptionsAllowed}",
+        ],
+        "the budget allows one disruption",
+        |s| s == "3 3 2 1",
+    );
+    converge(
+        &kube,
+        &[
+            "get",
+            "pods",
+            "-l",
+            "app=web",
+            "-o",
+            "jsonpath={.items[*].spec.nodeName}",
+        ],
+        "3 pods bound to box-a",
+        |s| s.split_whitespace().filter(|n| *n == "box-a").count() == 3,
+    );
+    // From here on no replacement becomes ready (box-a is cordoned by the drain, and nothing
+    // else would run them), as on a one-node edge box.
+    drop(kubelet);
+    let before = web_pods_on_box_a(&kube);
+    assert_eq!(before.len(), 3, "{before:?}");
+
+    // drain cordons box-a and evicts: the first eviction spends the budget, the others are
+    // refused with 429 and retried until the timeout.
+    let refused = kube.fails(
+        &[
+            "drain",
+            "box-a",
+            "--ignore-daemonsets",
+            "--grace-period=0",
+            "--timeout=12s",
+        ],
+        None,
+    );
+    assert!(
+        refused.contains("would violate the pod's disruption budget"),
+        "{refused}"
+    );
+    assert_eq!(
+        kube.ok(&[
+            "get",
+            "node",
+            "box-a",
+            "-o",
+            "jsonpath={.spec.unschedulable}"
+        ]),
+        "true"
+    );
+    let after = web_pods_on_box_a(&kube);
+    assert_eq!(
+        after.len(),
+        2,
+        "exactly one pod was evicted: {before:?} -> {after:?}"
+    );
+    assert!(
+        after.iter().all(|p| before.contains(p)),
+        "{before:?} -> {after:?}"
+    );
+    converge(
+        &kube,
+        &[
+            "get",
+            "pdb",
+            "web",
+            "-o",
+            "jsonpath={.status.currentHealthy} {.status.disruptionsAllowed}",
+        ],
+        "the budget spent",
+        |s| s == "2 0",
+    );
+
+    // Without the budget the drain completes.
+    kube.ok(&["delete", "pdb", "web"]);
+    kube.ok(&[
+        "drain",
+        "box-a",
+        "--ignore-daemonsets",
+        "--grace-period=0",
+        "--timeout=30s",
+    ]);
+    assert!(web_pods_on_box_a(&kube).is_empty());
 }
