@@ -343,6 +343,15 @@ const INSUFFICIENT_PODS_REASON: &str = "InsufficientPods";
 /// `spec.unhealthyPodEvictionPolicy` that lets a not-ready pod go whatever the budget says.
 const ALWAYS_ALLOW: &str = "AlwaysAllow";
 
+/// The pod condition an eviction sets before it deletes the pod (Kubernetes 1.31+,
+/// `PodDisruptionConditions`): it tells a Job's pod-failure policy, and whoever reads the pod,
+/// that the pod went because it was evicted, not because it failed. The disruption controller
+/// sets it back to False if the pod is then not deleted.
+const DISRUPTION_TARGET: &str = "DisruptionTarget";
+/// The condition's reason and message, Kubernetes' words.
+const EVICTION_BY_EVICTION_API: &str = "EvictionByEvictionAPI";
+const EVICTION_BY_EVICTION_API_MESSAGE: &str = "Eviction API: evicting";
+
 /// The 429 of an eviction the budget refuses, `Too many requests: ...` as Kubernetes'
 /// `NewTooManyRequests` words it, with the budget named in a `DisruptionBudget` cause.
 /// `retry_after_seconds` 0 leaves the hint out, as Kubernetes omits a zero.
@@ -625,8 +634,9 @@ fn evicted() -> Response<Body> {
 ///    go; one must allow a disruption, spent by [`decrement_budget`] — unless the pod is not
 ///    ready and the budget can spare it (`AlwaysAllow`, or enough healthy pods without it),
 ///    in which case nothing is spent and the pod is deleted only at the version judged.
-/// 3. The pod is deleted with the Eviction's DeleteOptions (grace period, preconditions,
-///    propagation), as a DELETE would.
+/// 3. The pod is marked `DisruptionTarget=True` (unless dry run) and deleted with the
+///    Eviction's DeleteOptions (grace period, preconditions, propagation), as a DELETE would
+///    ([`add_condition_and_delete`]).
 pub async fn evict(
     server: &ApiServer,
     resource: &'static ResourceInfo,
@@ -672,7 +682,9 @@ pub async fn evict(
             pod_options["preconditions"]["resourceVersion"] =
                 json!(pod.resource_version().to_string());
         }
-        match delete_one(server, resource, &deletion, pod, &pod_options).await {
+        match add_condition_and_delete(server, resource, &deletion, pod, &pod_options, dry_run)
+            .await
+        {
             Ok(_) => return Ok(evicted()),
             Err(e)
                 if is_conflict(&e) && !client_preconditions && attempt < EVICTION_ATTEMPTS_MAX =>
@@ -737,7 +749,16 @@ pub async fn evict(
             pod_options["preconditions"]["resourceVersion"] =
                 json!(pod.resource_version().to_string());
         }
-        return match delete_one(server, resource, &deletion, pod, &pod_options).await {
+        return match add_condition_and_delete(
+            server,
+            resource,
+            &deletion,
+            pod,
+            &pod_options,
+            dry_run,
+        )
+        .await
+        {
             Ok(_) => Ok(evicted()),
             Err(e) if is_conflict(&e) && !client_resource_version => {
                 let pdb_name = budget.as_ref().map_or("", |p| p.name());
@@ -752,7 +773,8 @@ pub async fn evict(
     loop {
         attempt += 1;
         let latest = current(server, resource, namespace, name).await?;
-        match delete_one(server, resource, &deletion, latest, &options).await {
+        match add_condition_and_delete(server, resource, &deletion, latest, &options, dry_run).await
+        {
             Ok(_) => return Ok(evicted()),
             Err(e)
                 if is_conflict(&e) && !client_preconditions && attempt < EVICTION_ATTEMPTS_MAX =>
@@ -764,7 +786,146 @@ pub async fn evict(
     }
 }
 
-/// Spends one disruption of `pdb` for `pod`, retrying on a compare-and-swap conflict with
+/// `pod` with `DisruptionTarget=True` (reason `EvictionByEvictionAPI`) set as Kubernetes'
+/// `UpdatePodCondition` sets a condition: appended if absent, replaced if present, its
+/// `lastTransitionTime` kept when the status does not change. `None` when nothing changes.
+fn with_disruption_target(pod: &Value, now: &str) -> Option<Value> {
+    let mut next = pod.clone();
+    let status = next
+        .as_object_mut()?
+        .entry("status")
+        .or_insert_with(|| json!({}));
+    let status = status.as_object_mut()?;
+    let conditions = status.entry("conditions").or_insert_with(|| json!([]));
+    if !conditions.is_array() {
+        *conditions = json!([]);
+    }
+    let conditions = conditions.as_array_mut()?;
+    let mut condition = json!({
+        "type": DISRUPTION_TARGET,
+        "status": "True",
+        "reason": EVICTION_BY_EVICTION_API,
+        "message": EVICTION_BY_EVICTION_API_MESSAGE,
+        "lastTransitionTime": now,
+    });
+    match conditions
+        .iter_mut()
+        .find(|c| c["type"] == DISRUPTION_TARGET)
+    {
+        None => conditions.push(condition),
+        Some(old) => {
+            if old["status"] == "True" {
+                condition["lastTransitionTime"] = old["lastTransitionTime"].clone();
+                if let Some(probe) = old.get("lastProbeTime") {
+                    condition["lastProbeTime"] = probe.clone();
+                }
+            }
+            if *old == condition {
+                return None;
+            }
+            *old = condition;
+        }
+    }
+    Some(next)
+}
+
+/// Kubernetes' `addConditionAndDeletePod`: unless this is a dry run, `DisruptionTarget=True`
+/// is written on the latest pod through its status first — a conflict with the eviction's
+/// own preconditions (UID, resourceVersion) is answered as one, any other conflict re-reads
+/// and retries — and a resourceVersion precondition then moves to the version that write
+/// produced (this request made that change). Then the pod is deleted as a DELETE would.
+async fn add_condition_and_delete(
+    server: &ApiServer,
+    resource: &'static ResourceInfo,
+    deletion: &Request,
+    mut pod: CachedObject,
+    options: &Value,
+    dry_run: bool,
+) -> Result<(u16, Value), ApiError> {
+    if dry_run {
+        return delete_one(server, resource, deletion, pod, options).await;
+    }
+    let name = pod.name().to_string();
+    let namespace = pod.namespace().map(str::to_string);
+    let precondition = |key: &str| {
+        options
+            .pointer(&format!("/preconditions/{key}"))
+            .and_then(Value::as_str)
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+    };
+    let (uid, resource_version) = (precondition("uid"), precondition("resourceVersion"));
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let latest = pod.value();
+        let latest_uid = latest.pointer("/metadata/uid").and_then(Value::as_str);
+        if let Some(uid) = &uid
+            && latest_uid != Some(uid.as_str())
+        {
+            return Err(ApiError::conflict(
+                resource.group,
+                resource.resource,
+                &name,
+                &format!(
+                    "the UID in the precondition ({uid}) does not match the UID in record ({}). \
+                     The object might have been deleted and then recreated",
+                    latest_uid.unwrap_or_default()
+                ),
+            ));
+        }
+        let latest_version = pod.resource_version().to_string();
+        if let Some(version) = &resource_version
+            && *version != latest_version
+        {
+            return Err(ApiError::conflict(
+                resource.group,
+                resource.resource,
+                &name,
+                &format!(
+                    "the ResourceVersion in the precondition ({version}) does not match the \
+                     ResourceVersion in record ({latest_version}). The object might have been \
+                     modified"
+                ),
+            ));
+        }
+        let Some(next) = with_disruption_target(latest, &meta::now()) else {
+            break;
+        };
+        let written = server
+            .timed(
+                "update",
+                resource,
+                storage::update(
+                    &server.store,
+                    resource,
+                    namespace.as_deref(),
+                    &name,
+                    next,
+                    pod.resource_version(),
+                ),
+            )
+            .await;
+        match written {
+            Ok(value) => {
+                pod = CachedObject::new(value, None);
+                break;
+            }
+            Err(WriteError::Conflict { current })
+                if resource_version.is_none() && attempt < EVICTION_ATTEMPTS_MAX =>
+            {
+                pod = current;
+            }
+            Err(e) => return Err(e.into_api_error(resource, &name)),
+        }
+    }
+    let mut options = options.clone();
+    if resource_version.is_some() {
+        options["preconditions"]["resourceVersion"] = json!(pod.resource_version().to_string());
+    }
+    delete_one(server, resource, deletion, pod, &options).await
+}
+
 /// the budget as it now is (Kubernetes' `RetryOnConflict` around `checkAndDecrement` and
 /// `UpdateStatus`). A dry run judges without writing.
 async fn decrement_budget(
@@ -1056,6 +1217,33 @@ mod tests {
             &everything,
             &pod("other", json!({"app": "db"}))
         ));
+    }
+
+    #[test]
+    fn the_disruption_target_condition_is_set_as_update_pod_condition_sets_it() {
+        let pod = json!({"metadata": {"name": "p"}, "status": {"conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": "T0"}]}});
+        let marked = with_disruption_target(&pod, "T1").expect("appended");
+        let conditions = marked["status"]["conditions"].as_array().expect("list");
+        assert_eq!(conditions.len(), 2);
+        assert_eq!(conditions[0]["type"], "Ready");
+        assert_eq!(
+            conditions[1],
+            json!({"type": "DisruptionTarget", "status": "True",
+                   "reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting",
+                   "lastTransitionTime": "T1"})
+        );
+        // Already there: nothing to write, and the transition time is the first one.
+        assert_eq!(with_disruption_target(&marked, "T2"), None);
+        // A False one (set back by the disruption controller) turns True, with a new time.
+        let mut cleared = marked.clone();
+        cleared["status"]["conditions"][1]["status"] = json!("False");
+        let again = with_disruption_target(&cleared, "T3").expect("changed");
+        assert_eq!(again["status"]["conditions"][1]["status"], "True");
+        assert_eq!(again["status"]["conditions"][1]["lastTransitionTime"], "T3");
+        // A pod with no status gets one.
+        let bare = with_disruption_target(&json!({"metadata": {}}), "T4").expect("status");
+        assert_eq!(bare["status"]["conditions"][0]["type"], "DisruptionTarget");
     }
 
     #[test]

@@ -580,3 +580,73 @@ async fn mutating_admission_runs_before_validation() {
     assert_eq!(status, 201, "{created}");
     assert_eq!(created["spec"]["priority"], 1000);
 }
+
+/// Kubernetes 1.31+: the eviction marks the pod `DisruptionTarget=True` before deleting it,
+/// so whoever watches the pod (a Job's pod-failure policy) learns why it goes. A bound pod is
+/// deleted gracefully, so the marked pod is still there to read; a dry run marks nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_pod_is_marked_as_a_disruption_target_first() {
+    let server = start().await;
+    for name in ["bound", "dry"] {
+        let mut bound = pod(name, json!({"app": "web"}));
+        bound["spec"]["nodeName"] = json!("box-a");
+        let (status, created) = call(&server, Method::POST, PODS, Some(bound)).await;
+        assert_eq!(status, 201, "{created}");
+        let mut running = created;
+        running["status"] = json!({"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": "2024-06-01T12:00:00Z"}]});
+        let (status, body) = call(
+            &server,
+            Method::PUT,
+            &format!("{PODS}/{name}/status"),
+            Some(running),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    let (status, body) = evict(&server, "bound").await;
+    assert_eq!(status, 201, "{body}");
+    let (status, evicted) = call(&server, Method::GET, &format!("{PODS}/bound"), None).await;
+    assert_eq!(status, 200, "a bound pod is deleted gracefully: {evicted}");
+    assert!(
+        evicted["metadata"]["deletionTimestamp"].is_string(),
+        "{evicted}"
+    );
+    let conditions = evicted["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let target = conditions
+        .iter()
+        .find(|c| c["type"] == "DisruptionTarget")
+        .unwrap_or_else(|| panic!("no DisruptionTarget condition: {evicted}"));
+    assert_eq!(target["status"], "True");
+    assert_eq!(target["reason"], "EvictionByEvictionAPI");
+    assert_eq!(target["message"], "Eviction API: evicting");
+    assert!(target["lastTransitionTime"].is_string(), "{target}");
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True"),
+        "the other conditions stay: {evicted}"
+    );
+
+    let (status, body) = call(
+        &server,
+        Method::POST,
+        &format!("{PODS}/dry/eviction?dryRun=All"),
+        Some(eviction("dry")),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (_, untouched) = call(&server, Method::GET, &format!("{PODS}/dry"), None).await;
+    assert!(
+        untouched["metadata"]["deletionTimestamp"].is_null(),
+        "{untouched}"
+    );
+    let marked = untouched["status"]["conditions"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["type"] == "DisruptionTarget"));
+    assert!(!marked, "a dry run writes nothing: {untouched}");
+}
