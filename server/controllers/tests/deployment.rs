@@ -11,6 +11,8 @@
 
 #![allow(clippy::unwrap_used, reason = "a test panics to fail")]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -957,7 +959,6 @@ mod live {
     use k8s_openapi::api::core::v1::{Event, Pod};
     use serde_json::json;
     use skerry_apiserver::testing::TestServer;
-    use skerry_client::config::{Config, Credentials};
     use skerry_client::{Client, ListParams, Patch, PatchParams, PostParams};
     use skerry_controllers::context::{Context, DEFAULT_RESYNC, InformerFactory};
     use skerry_controllers::deployment::progress::get_condition;
@@ -968,14 +969,12 @@ mod live {
     use skerry_controllers::util::controller_of;
     use tokio_util::sync::CancellationToken;
 
+    use super::common::{admin_client, controller_client};
     use super::{NS, deployment};
 
     /// How long a test waits for the controllers to converge. Generous: two cores shared
     /// with other builds; convergence itself takes about a second.
     const CONVERGE_TIMEOUT: Duration = Duration::from_secs(60);
-
-    /// The group every service account is in.
-    const SERVICE_ACCOUNTS_GROUP: &str = "system:serviceaccounts";
 
     struct Live {
         _server: TestServer,
@@ -992,30 +991,9 @@ mod live {
         }
     }
 
-    /// A client of `server` authenticating with a client certificate.
-    fn client_with_cert(server: &TestServer, cert_pem: &str, key_pem: &str) -> Client {
-        let mut config = Config::new(&server.url());
-        config.ca_pem = Some(server.ca_pem().to_string());
-        config.credentials = Credentials::ClientCert {
-            cert_pem: cert_pem.to_string(),
-            key_pem: key_pem.to_string(),
-        };
-        config.qps = 0.0;
-        Client::new(config).unwrap()
-    }
-
-    /// The client of the controller whose service account in `kube-system` is `name`.
-    fn controller_client(server: &TestServer, name: &str) -> Client {
-        let user = format!("system:serviceaccount:kube-system:{name}");
-        let (cert, key) = server
-            .issue_client_cert(&user, &[SERVICE_ACCOUNTS_GROUP])
-            .unwrap();
-        client_with_cert(server, &cert, &key)
-    }
-
     async fn start() -> Live {
         let server = TestServer::start().await.unwrap();
-        let client = client_with_cert(&server, server.admin_cert_pem(), server.admin_key_pem());
+        let client = admin_client(&server);
         let informers = InformerFactory::new(client.clone(), Some(DEFAULT_RESYNC));
         let ctx = |name: &str| Context {
             client: controller_client(&server, name),

@@ -10,10 +10,13 @@
 
 #![allow(clippy::unwrap_used, reason = "a test panics to fail")]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
+use common::{admin_client, controller_client};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodTemplateSpec};
 use k8s_openapi::api::policy::v1::{
@@ -24,7 +27,6 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 use skerry_apiserver::testing::TestServer;
 use skerry_client::api::http_method::Method;
-use skerry_client::config::{Config, Credentials};
 use skerry_client::{Client, Patch, PatchParams, PostParams};
 use skerry_controllers::context::{Context, DEFAULT_RESYNC, InformerFactory};
 use skerry_controllers::disruption::{
@@ -35,10 +37,8 @@ use tokio_util::sync::CancellationToken;
 
 const NS: &str = "default";
 
-/// The controller's identity in `skerry server`: its service account in `kube-system`.
-const CONTROLLER_USER: &str = "system:serviceaccount:kube-system:disruption-controller";
-/// The group every service account is in.
-const SERVICE_ACCOUNTS_GROUP: &str = "system:serviceaccounts";
+/// The controller's service account in `kube-system` (its identity in `skerry server`).
+const CONTROLLER_SA: &str = "disruption-controller";
 
 /// How long a test waits for the controller to converge. Generous: two cores shared with
 /// other builds; convergence itself takes well under a second.
@@ -60,27 +60,11 @@ impl Drop for Cluster {
     }
 }
 
-/// A client of `server` authenticating with a client certificate.
-fn client_with_cert(server: &TestServer, cert_pem: &str, key_pem: &str) -> Client {
-    let mut config = Config::new(&server.url());
-    config.ca_pem = Some(server.ca_pem().to_string());
-    config.credentials = Credentials::ClientCert {
-        cert_pem: cert_pem.to_string(),
-        key_pem: key_pem.to_string(),
-    };
-    // Unlimited: these tests check behaviour, not the rate limiter.
-    config.qps = 0.0;
-    Client::new(config).unwrap()
-}
-
 async fn cluster() -> Cluster {
     let server = TestServer::start().await.unwrap();
-    let client = client_with_cert(&server, server.admin_cert_pem(), server.admin_key_pem());
-    let (cert, key) = server
-        .issue_client_cert(CONTROLLER_USER, &[SERVICE_ACCOUNTS_GROUP])
-        .unwrap();
+    let client = admin_client(&server);
     let ctx = Context {
-        client: client_with_cert(&server, &cert, &key),
+        client: controller_client(&server, CONTROLLER_SA),
         informers: InformerFactory::new(client.clone(), Some(DEFAULT_RESYNC)),
     };
     let config = disruption::Config {

@@ -209,27 +209,9 @@ impl Framework {
         pod_to_add: &Arc<PodInfo>,
         node: &NodeInfo,
     ) -> Status {
-        let skip = state
-            .read::<SkipSet>(SKIP_FILTER_PLUGINS_KEY)
-            .cloned()
-            .unwrap_or_default();
-        for plugin in &self.pre_filter {
-            if skip.contains(plugin.name()) {
-                continue;
-            }
-            let status = plugin.add_pod(state, pod_to_schedule, pod_to_add, node);
-            if !status.is_success() {
-                return error_status(
-                    plugin.name(),
-                    format!(
-                        "running AddPod on PreFilter plugin {:?}: {}",
-                        plugin.name(),
-                        status.reasons.join(", ")
-                    ),
-                );
-            }
-        }
-        Status::success()
+        self.run_pre_filter_extension(state, "AddPod", |plugin, state| {
+            plugin.add_pod(state, pod_to_schedule, pod_to_add, node)
+        })
     }
 
     /// Tells each (non-skipped) PreFilter plugin that `pod_to_remove` is hypothetically gone
@@ -241,20 +223,32 @@ impl Framework {
         pod_to_remove: &Arc<PodInfo>,
         node: &NodeInfo,
     ) -> Status {
-        let skip = state
-            .read::<SkipSet>(SKIP_FILTER_PLUGINS_KEY)
-            .cloned()
-            .unwrap_or_default();
-        for plugin in &self.pre_filter {
-            if skip.contains(plugin.name()) {
-                continue;
-            }
-            let status = plugin.remove_pod(state, pod_to_schedule, pod_to_remove, node);
+        self.run_pre_filter_extension(state, "RemovePod", |plugin, state| {
+            plugin.remove_pod(state, pod_to_schedule, pod_to_remove, node)
+        })
+    }
+
+    /// Runs `extension` (`AddPod` or `RemovePod`) on every PreFilter plugin whose PreFilter
+    /// did not answer Skip; the first failure is an error naming the plugin.
+    fn run_pre_filter_extension(
+        &self,
+        state: &mut CycleState,
+        extension: &str,
+        mut call: impl FnMut(&dyn PreFilterPlugin, &mut CycleState) -> Status,
+    ) -> Status {
+        let skip = state.read::<SkipSet>(SKIP_FILTER_PLUGINS_KEY);
+        let active: Vec<&Arc<dyn PreFilterPlugin>> = self
+            .pre_filter
+            .iter()
+            .filter(|plugin| !skip.is_some_and(|s| s.contains(plugin.name())))
+            .collect();
+        for plugin in active {
+            let status = call(plugin.as_ref(), state);
             if !status.is_success() {
                 return error_status(
                     plugin.name(),
                     format!(
-                        "running RemovePod on PreFilter plugin {:?}: {}",
+                        "running {extension} on PreFilter plugin {:?}: {}",
                         plugin.name(),
                         status.reasons.join(", ")
                     ),
