@@ -56,7 +56,11 @@ impl Lessor {
 
     pub fn attach(&mut self, id: i64, key: &Bytes) {
         if let Some(lease) = self.leases.get_mut(&id) {
-            lease.keys.insert(key.clone());
+            // A copy, so that the lessor never pins the request buffer the key was decoded
+            // from (see `KeyIndex::push`).
+            if !lease.keys.contains(key) {
+                lease.keys.insert(Bytes::copy_from_slice(key));
+            }
         }
     }
 
@@ -144,6 +148,21 @@ fn ttl(seconds: i64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_attached_key_is_copied_out_of_the_request_buffer() {
+        let buffer = Bytes::from(vec![b'k'; 8192]);
+        let key = buffer.slice(0..4);
+        let mut lessor = Lessor::default();
+        lessor.grant(7, 60);
+        lessor.attach(7, &key);
+        lessor.attach(7, &key);
+        let keys = &lessor.leases[&7].keys;
+        assert_eq!(keys.len(), 1);
+        let stored = keys.first().expect("one key");
+        assert_eq!(stored.as_ref(), b"kkkk");
+        assert!(!buffer.as_ptr_range().contains(&stored.as_ptr()));
+    }
 
     #[test]
     fn expired_leases_are_handed_out_once() {

@@ -246,7 +246,12 @@ impl WatchHub {
             req.start_revision
         };
         let watcher = Watcher {
-            range: KeyRange::new(&req.key, &req.range_end),
+            // Copies: a watch lives for hours, and the request's key fields are slices of its
+            // whole receive buffer (see `KeyIndex::push`).
+            range: KeyRange::new(
+                &Bytes::copy_from_slice(&req.key),
+                &Bytes::copy_from_slice(&req.range_end),
+            ),
             next_rev,
             no_put: filters(watch_create_request::FilterType::Noput),
             no_delete: filters(watch_create_request::FilterType::Nodelete),
