@@ -53,6 +53,13 @@ use loadgen::report::Report;
 use loadgen::server::{Flavor, Server, ServerSpec};
 use loadgen::workloads::{Plan, Scale, Workload, run_workload};
 
+/// jemalloc, as the `skerry` binary uses. The load generator shares the two cores with the
+/// servers it measures, so every microsecond it spends is taken from them: glibc's malloc
+/// (`_int_malloc`, `_int_free`, `malloc_consolidate`) was ~10% of its CPU in a put64
+/// profile, and that time was taken from skerry and etcd alike.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Upper bound on `--runs`: a full-scale run of everything takes minutes per target, so more
 /// than this is a typo rather than a plan.
 const RUNS_MAX: u32 = 20;
