@@ -17,6 +17,7 @@ mod tls;
 
 use skerry_raft::{ClusterConfig, ClusterState, RaftNode};
 use skerry_store::grpc::authority::AuthorityFix;
+use skerry_store::grpc::coalesce::CoalesceWrites;
 use skerry_store::grpc::{EtcdApi, MemberInfo, router};
 use skerry_store::{Store, StoreConfig};
 use tokio_stream::StreamExt;
@@ -495,7 +496,7 @@ fn server(args: ServerArgs) -> Result<()> {
                             // Requests are small and latency-bound: do not wait to coalesce
                             // segments.
                             let _ = stream.set_nodelay(true);
-                            AuthorityFix::new(stream)
+                            AuthorityFix::new(CoalesceWrites::new(stream))
                         })
                     });
                 let serve = router(api.clone()).serve_with_incoming_shutdown(incoming, shutdown);
@@ -590,7 +591,9 @@ async fn ask_to_join(cluster: &ClusterConfig) -> Result<skerry_raft::transport::
 fn tls_incoming(
     listener: tokio::net::TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
-) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<AuthorityFix<tls::TlsConn>>> {
+) -> tokio_stream::wrappers::ReceiverStream<
+    std::io::Result<AuthorityFix<CoalesceWrites<tls::TlsConn>>>,
+> {
     let (tx, rx) = tokio::sync::mpsc::channel(TLS_ACCEPTED_QUEUE);
     tokio::spawn(async move {
         loop {
@@ -608,7 +611,9 @@ fn tls_incoming(
                 match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(stream)) => {
                         let _ = conn_tx
-                            .send(Ok(AuthorityFix::new(tls::TlsConn(stream))))
+                            .send(Ok(AuthorityFix::new(CoalesceWrites::new(tls::TlsConn(
+                                stream,
+                            )))))
                             .await;
                     }
                     Ok(Err(e)) => {

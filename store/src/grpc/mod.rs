@@ -5,6 +5,7 @@
 //! message text, because clients match on both.
 
 pub mod authority;
+pub mod coalesce;
 mod kv;
 mod lease;
 mod maintenance;
