@@ -6,7 +6,9 @@
 
 use serde_json::{Value, json};
 
-use super::stats::{RunOutcome, SERVER_CPU_EXTRA, TargetSummary, ratio};
+use super::stats::{
+    RunOutcome, SERVER_CPU_EXTRA, TargetSummary, median, paired_throughput_ratios, ratio,
+};
 use super::workloads::Workload;
 
 /// One target's results: `outcomes[w][r]` is workload `w` of the report in run `r`.
@@ -152,6 +154,28 @@ impl Report {
                     }
                 })
                 .collect();
+            if pair {
+                let per_run = paired_throughput_ratios(
+                    &self.targets[0].outcomes[index],
+                    &self.targets[1].outcomes[index],
+                );
+                if per_run.len() > 1
+                    && let (Some(low), Some(high), Some(mid)) = (
+                        per_run.iter().copied().reduce(f64::min),
+                        per_run.iter().copied().reduce(f64::max),
+                        median(&per_run),
+                    )
+                {
+                    notes.push(format!(
+                        "{}/{} per run {}-{} (median {})",
+                        labels[0],
+                        labels[1],
+                        format_ratio(Some(low)),
+                        format_ratio(Some(high)),
+                        format_ratio(Some(mid))
+                    ));
+                }
+            }
             if pair && let Some(cpu_ratio) = server_cpu_ratio(&summaries[0], &summaries[1]) {
                 notes.push(format!(
                     "server cpu {}/{} {}",
@@ -204,6 +228,10 @@ impl Report {
                         "throughput": ratio(summaries[0].throughput, summaries[1].throughput),
                         "p99": ratio(summaries[0].p99_ms, summaries[1].p99_ms),
                         "server_cpu_us_per_op": server_cpu_ratio(&summaries[0], &summaries[1]),
+                        "throughput_per_run": paired_throughput_ratios(
+                            &self.targets[0].outcomes[index],
+                            &self.targets[1].outcomes[index],
+                        ),
                     })
                 } else {
                     Value::Null

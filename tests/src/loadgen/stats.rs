@@ -183,9 +183,49 @@ pub fn ratio(numerator: Option<f64>, denominator: Option<f64>) -> Option<f64> {
     }
 }
 
+/// First/second throughput ratio of each run in which both targets completed, in run order.
+/// The runs alternate which target goes first and follow each other within a minute, so a
+/// pair shares the machine's mood; the spread of these ratios shows how much of a median
+/// ratio is the machine rather than the servers.
+pub fn paired_throughput_ratios(first: &[RunOutcome], second: &[RunOutcome]) -> Vec<f64> {
+    first
+        .iter()
+        .zip(second)
+        .filter_map(|(a, b)| match (a, b) {
+            (Ok(a), Ok(b)) => ratio(Some(a.throughput()), Some(b.throughput())),
+            _ => None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn result(ops: u64, millis: u64) -> RunOutcome {
+        Ok(WorkloadResult {
+            ops,
+            ops_planned: ops,
+            errors: 0,
+            error_samples: Vec::new(),
+            stopped_early: None,
+            elapsed: std::time::Duration::from_millis(millis),
+            latency: LatencySummary::from_samples(vec![1]),
+            extras: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn paired_ratios_skip_runs_where_either_side_failed() {
+        let first = vec![
+            result(200, 1_000),
+            Err("crashed".into()),
+            result(300, 1_000),
+        ];
+        let second = vec![result(100, 1_000), result(100, 1_000), result(100, 1_000)];
+        assert_eq!(paired_throughput_ratios(&first, &second), vec![2.0, 3.0]);
+        assert!(paired_throughput_ratios(&[], &second).is_empty());
+    }
 
     #[test]
     fn percentile_nearest_rank() {
