@@ -177,6 +177,12 @@ pub struct Core<H: Host> {
     compacted_at: u64,
     /// This member applied its own removal: stop.
     removed: bool,
+    /// Peer URLs of the members added (`Some`) or removed (`None`) by configuration changes
+    /// this process applied. raft-rs's membership changes at once when the entry is applied,
+    /// the store's member table only when its writer gets to the entry; a leader checking a
+    /// new member's URLs reads both, so that a member just added is never missed (etcd's
+    /// `ErrPeerURLexists`) while the table lags.
+    applied_members: HashMap<u64, Option<Vec<String>>>,
     status: ReplicaStatus,
 }
 
@@ -376,6 +382,7 @@ impl<H: Host> Core<H> {
             catchup_entries: config.catchup_entries,
             compacted_at,
             removed: false,
+            applied_members: HashMap::new(),
             status: ReplicaStatus::default(),
         }
     }
@@ -620,9 +627,16 @@ impl<H: Host> Core<H> {
                         return Err(StoreError::MemberBadUrls);
                     }
                 }
+                let taken = |urls: &[String]| urls.iter().any(|u| peer_urls.contains(u));
                 if members
                     .iter()
-                    .any(|m| m.peer_urls.iter().any(|u| peer_urls.contains(u)))
+                    .filter(|m| !self.applied_members.contains_key(&m.id))
+                    .any(|m| taken(&m.peer_urls))
+                    || self
+                        .applied_members
+                        .values()
+                        .flatten()
+                        .any(|urls| taken(urls))
                 {
                     return Err(StoreError::PeerUrlExists);
                 }
@@ -1111,6 +1125,11 @@ impl<H: Host> Core<H> {
                         index = entry.index,
                         "membership: member added"
                     );
+                    // A promotion carries no URLs: the member keeps the ones it was added with.
+                    if !record.peer_urls.is_empty() {
+                        self.applied_members
+                            .insert(id, Some(record.peer_urls.clone()));
+                    }
                     membership.upsert.push(record);
                 }
                 ConfChangeType::RemoveNode => {
@@ -1120,6 +1139,7 @@ impl<H: Host> Core<H> {
                         "membership: member removed"
                     );
                     membership.removed.push(id);
+                    self.applied_members.insert(id, None);
                     if id == self.id {
                         self.removed = true;
                     } else {
