@@ -1,14 +1,14 @@
 //! The torture test in CI: short runs of `skerry_tests::torture` against a real three-member
 //! cluster of the debug `skerry` binary, one per nemesis family (partitions; kill -9 and
-//! SIGSTOP; membership changes under load), each of which must be judged valid, and one run
-//! against etcd 3.4 under kill -9, which must be judged valid too: the checkers are not tuned
-//! to skerry. Every run compacts the store every few seconds (`torture::compactor`), so the
+//! SIGSTOP; membership changes under load), each of which must be judged valid, and runs
+//! against etcd under kill -9 and under partitions, which must be judged valid too: the
+//! checkers are not tuned to skerry. Every run compacts the store every few seconds (`torture::compactor`), so the
 //! compacted error paths (watchers cut off, reads below the floor, compactions refused) are
-//! exercised and judged. etcd 3.4.23 is not run under partitions: there it fails the watch
-//! checker with a known etcd bug (etcd-io/etcd#20221, fixed in later releases: a watch resumed
-//! at a revision a lagging member has not reached gets progress notifications at that member's
-//! lower revision). A newer etcd (Debian sid's, 3.5.x, which `.ci/run` unpacks) runs that
-//! schedule instead and must be judged valid.
+//! exercised and judged. The etcd runs use a newer etcd (Debian sid's, 3.5.x, which `.ci/run`
+//! unpacks): etcd 3.4.23 fails the watch checker with a known etcd bug (etcd-io/etcd#20221,
+//! fixed in later releases: a watch resumed at a revision a lagging member has not reached gets
+//! progress notifications at that member's lower revision), always under partitions and now
+//! and then under kill -9.
 //!
 //! As root (CI) members live in network namespaces and partitions are nft rules; otherwise
 //! a TCP proxy between members cuts them. The runs take a machine-wide lock, so they go one at
@@ -161,16 +161,24 @@ fn skerry_under_membership_changes() {
     );
 }
 
+/// etcd under kill -9. The newer etcd when `.ci/run` has unpacked it: etcd 3.4.23 meets its
+/// progress-notification bug (etcd-io/etcd#20221) under kill -9 too, though more rarely than
+/// under partitions (a CI run of 2026-11-30 at seed 4: "progress at 2362 after an event at
+/// 2363" on a watch resumed on the restarted member), so with 3.4.23 this run could fail on
+/// etcd's bug rather than on the harness. Without the newer binary it falls back to 3.4.23.
 #[test]
 fn etcd_under_kill() {
-    if !Path::new(ETCD_BIN).exists() {
+    let bin = [ETCD_NEWER_BIN, ETCD_BIN]
+        .into_iter()
+        .find(|bin| Path::new(bin).exists());
+    let Some(bin) = bin else {
         eprintln!("{ETCD_BIN} not installed (apt-get install etcd-server): skipped");
         return;
-    }
+    };
     torture(
         "etcd-kill",
         Target::Etcd,
-        PathBuf::from(ETCD_BIN),
+        PathBuf::from(bin),
         &[FaultKind::Kill],
         ETCD_RUN,
         4,
