@@ -5,8 +5,9 @@
 
 #![allow(clippy::unwrap_used, reason = "a test panics to fail")]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
@@ -117,24 +118,6 @@ fn daemon_set(name: &str) -> DaemonSet {
     }
 }
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + CONVERGE_TIMEOUT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn live_pods(client: &Client, app: &str) -> Vec<Pod> {
     let params = ListParams {
         label_selector: Some(format!("app={app}")),
@@ -153,18 +136,22 @@ async fn live_pods(client: &Client, app: &str) -> Vec<Pod> {
 
 /// The target nodes of the live pods of `app`, sorted, once there are `n` of them.
 async fn wait_for_targets(client: &Client, app: &str, n: usize) -> (Vec<Pod>, Vec<String>) {
-    eventually(&format!("{n} daemon pods of {app}"), || async {
-        let pods = live_pods(client, app).await;
-        if pods.len() != n {
-            return None;
-        }
-        let mut targets: Vec<String> = pods
-            .iter()
-            .map(|p| target_node_name(p).unwrap_or_default().to_string())
-            .collect();
-        targets.sort();
-        Some((pods, targets))
-    })
+    common::eventually(
+        CONVERGE_TIMEOUT,
+        &format!("{n} daemon pods of {app}"),
+        || async {
+            let pods = live_pods(client, app).await;
+            if pods.len() != n {
+                return None;
+            }
+            let mut targets: Vec<String> = pods
+                .iter()
+                .map(|p| target_node_name(p).unwrap_or_default().to_string())
+                .collect();
+            targets.sort();
+            Some((pods, targets))
+        },
+    )
     .await
 }
 
@@ -230,7 +217,7 @@ async fn one_pod_per_node_by_node_affinity() {
     }
 
     let api = c.client.api::<DaemonSet>(Some(NS));
-    eventually("daemonset status", || async {
+    common::eventually(CONVERGE_TIMEOUT, "daemonset status", || async {
         let s = api.get("agent").await.ok()?.status?;
         (s.desired_number_scheduled == 2
             && s.current_number_scheduled == 2

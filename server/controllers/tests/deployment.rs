@@ -951,7 +951,6 @@ async fn a_refused_create_is_a_warning_unless_the_namespace_is_terminating() {
 // in `skerry server`; the shared informers read with the admin client.
 
 mod live {
-    use std::future::Future;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -1011,25 +1010,6 @@ mod live {
             deployments,
             replica_sets,
             stop,
-        }
-    }
-
-    /// Polls `check` until it returns `Some`; panics after [`CONVERGE_TIMEOUT`].
-    async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Option<T>>,
-    {
-        let deadline = tokio::time::Instant::now() + CONVERGE_TIMEOUT;
-        loop {
-            if let Some(v) = check().await {
-                return v;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -1094,7 +1074,7 @@ mod live {
         /// Plays the kubelet until the Deployment reports its rollout complete, as `kubectl
         /// rollout status` decides it.
         async fn wait_rolled_out(&self) -> Deployment {
-            eventually("the rollout to complete", || async {
+            crate::common::eventually(CONVERGE_TIMEOUT, "the rollout to complete", || async {
                 self.make_pods_ready().await;
                 let d = self.deployment().await;
                 let s = d.status.clone()?;
@@ -1146,11 +1126,12 @@ mod live {
             .unwrap();
         // One ReplicaSet, `web-<hash>` of the (apiserver-defaulted) template, owned by it.
         let hash = compute_hash(&created.spec.as_ref().unwrap().template, None);
-        let first = eventually("the first replica set", || async {
-            let rss = live.replica_sets().await;
-            (rss.len() == 1).then(|| rss[0].clone())
-        })
-        .await;
+        let first =
+            crate::common::eventually(CONVERGE_TIMEOUT, "the first replica set", || async {
+                let rss = live.replica_sets().await;
+                (rss.len() == 1).then(|| rss[0].clone())
+            })
+            .await;
         assert_eq!(first.metadata.name, Some(format!("web-{hash}")));
         assert_eq!(
             first.metadata.labels.as_ref().unwrap()[POD_TEMPLATE_HASH_LABEL],
@@ -1321,11 +1302,12 @@ mod live {
         );
         // `kubectl describe deployment web`.
         let scale_up = format!("Scaled up replica set {rs_name} from 0 to 3");
-        let events = eventually("the ScalingReplicaSet event", || async {
-            let events = live.events_about("Deployment", "web").await;
-            (scaling_messages(&events) == vec![scale_up.clone()]).then_some(events)
-        })
-        .await;
+        let events =
+            crate::common::eventually(CONVERGE_TIMEOUT, "the ScalingReplicaSet event", || async {
+                let events = live.events_about("Deployment", "web").await;
+                (scaling_messages(&events) == vec![scale_up.clone()]).then_some(events)
+            })
+            .await;
         let e = &events[0];
         assert_eq!(e.type_.as_deref(), Some("Normal"));
         assert_eq!(e.involved_object.uid, created.metadata.uid);
@@ -1335,18 +1317,22 @@ mod live {
             Some(EVENT_COMPONENT)
         );
         // `kubectl describe rs web-<hash>`: the ReplicaSet controller's three creations.
-        eventually("three SuccessfulCreate events", || async {
-            let events = live.events_about("ReplicaSet", &rs_name).await;
-            let creates = events
-                .iter()
-                .filter(|e| e.reason.as_deref() == Some("SuccessfulCreate"))
-                .filter(|e| {
-                    e.source.as_ref().and_then(|s| s.component.as_deref())
-                        == Some("replicaset-controller")
-                })
-                .count();
-            (creates == 3).then_some(())
-        })
+        crate::common::eventually(
+            CONVERGE_TIMEOUT,
+            "three SuccessfulCreate events",
+            || async {
+                let events = live.events_about("ReplicaSet", &rs_name).await;
+                let creates = events
+                    .iter()
+                    .filter(|e| e.reason.as_deref() == Some("SuccessfulCreate"))
+                    .filter(|e| {
+                        e.source.as_ref().and_then(|s| s.component.as_deref())
+                            == Some("replicaset-controller")
+                    })
+                    .count();
+                (creates == 3).then_some(())
+            },
+        )
         .await;
 
         // `kubectl scale deployment web --replicas=1`: a scale-down, told in 1.32's words.
@@ -1361,7 +1347,7 @@ mod live {
             .await
             .unwrap();
         let scale_down = format!("Scaled down replica set {rs_name} from 3 to 1");
-        eventually("the scale-down event", || async {
+        crate::common::eventually(CONVERGE_TIMEOUT, "the scale-down event", || async {
             let events = live.events_about("Deployment", "web").await;
             (scaling_messages(&events) == vec![scale_up.clone(), scale_down.clone()]).then_some(())
         })

@@ -13,7 +13,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
 use common::{admin_client, controller_client};
@@ -226,25 +225,6 @@ async fn create_pdb(
         .create(&PostParams::default(), &pdb)
         .await
         .unwrap();
-}
-
-/// Polls `check` until it returns `Some`, or panics after [`CONVERGE_TIMEOUT`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + CONVERGE_TIMEOUT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Waits until budget `name` has observed its generation and reports `expected` pods,
@@ -473,7 +453,7 @@ async fn a_pod_whose_controller_cannot_be_found_fails_safe() {
     ghost.name = "ghost".into();
     ghost.uid = "00000000-0000-0000-0000-000000000000".into();
     create_pod(&c, "web-9", "web", Some(ghost), true).await;
-    let status = eventually("the SyncFailed condition", || async {
+    let status = common::eventually(CONVERGE_TIMEOUT, "the SyncFailed condition", || async {
         let pdb = c
             .client
             .api::<PodDisruptionBudget>(Some(NS))
@@ -569,7 +549,7 @@ async fn a_stale_disruption_target_condition_is_cleared() {
         )
         .await
         .unwrap();
-    let condition = eventually("DisruptionTarget=False", || async {
+    let condition = common::eventually(CONVERGE_TIMEOUT, "DisruptionTarget=False", || async {
         let pod = c.client.api::<Pod>(Some(NS)).get("web-0").await.ok()?;
         pod.status?
             .conditions?

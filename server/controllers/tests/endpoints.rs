@@ -4,8 +4,9 @@
 
 #![allow(clippy::unwrap_used, reason = "a test panics to fail")]
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -70,25 +71,6 @@ async fn cluster() -> Cluster {
         _server: server,
         client,
         stop,
-    }
-}
-
-/// Polls `check` until it returns `Some`, or panics after [`CONVERGE_TIMEOUT`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + CONVERGE_TIMEOUT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -298,9 +280,13 @@ async fn ready_pods_become_endpoints_and_an_unready_pod_moves() {
     let all = strings(&["10.244.0.10", "10.244.0.11", "10.244.0.12"]);
 
     // Endpoints: all three ready, managed-by label set.
-    eventually("three ready addresses in the Endpoints", || async {
-        (endpoint_ips(&c.client, "web").await? == (all.clone(), Vec::new())).then_some(())
-    })
+    common::eventually(
+        CONVERGE_TIMEOUT,
+        "three ready addresses in the Endpoints",
+        || async {
+            (endpoint_ips(&c.client, "web").await? == (all.clone(), Vec::new())).then_some(())
+        },
+    )
     .await;
     let ep = c
         .client
@@ -313,10 +299,14 @@ async fn ready_pods_become_endpoints_and_an_unready_pod_moves() {
     assert_eq!(labels["tier"], "front");
 
     // One EndpointSlice with all three, ready and serving, in zone-a, port 8080.
-    let rows = eventually("three ready endpoints in one slice", || async {
-        let rows = slice_endpoints(&c.client, "web").await;
-        (rows.len() == 3 && rows.iter().all(|r| r.ready)).then_some(rows)
-    })
+    let rows = common::eventually(
+        CONVERGE_TIMEOUT,
+        "three ready endpoints in one slice",
+        || async {
+            let rows = slice_endpoints(&c.client, "web").await;
+            (rows.len() == 3 && rows.iter().all(|r| r.ready)).then_some(rows)
+        },
+    )
     .await;
     assert!(
         rows.iter()
@@ -340,15 +330,19 @@ async fn ready_pods_become_endpoints_and_an_unready_pod_moves() {
 
     // web-1 turns unready: it moves to notReadyAddresses, and its endpoint to ready=false.
     set_ready(&c.client, "web-1", false).await;
-    eventually("web-1 not ready in the Endpoints", || async {
-        let want = (
-            strings(&["10.244.0.10", "10.244.0.12"]),
-            strings(&["10.244.0.11"]),
-        );
-        (endpoint_ips(&c.client, "web").await? == want).then_some(())
-    })
+    common::eventually(
+        CONVERGE_TIMEOUT,
+        "web-1 not ready in the Endpoints",
+        || async {
+            let want = (
+                strings(&["10.244.0.10", "10.244.0.12"]),
+                strings(&["10.244.0.11"]),
+            );
+            (endpoint_ips(&c.client, "web").await? == want).then_some(())
+        },
+    )
     .await;
-    eventually("web-1 not ready in the slice", || async {
+    common::eventually(CONVERGE_TIMEOUT, "web-1 not ready in the slice", || async {
         let rows = slice_endpoints(&c.client, "web").await;
         let r = rows.iter().find(|r| r.ip == "10.244.0.11")?;
         (!r.ready && !r.serving && !r.terminating).then_some(())
@@ -366,7 +360,7 @@ async fn ready_pods_become_endpoints_and_an_unready_pod_moves() {
     pods.delete("web-0", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("web-0 terminating", || async {
+    common::eventually(CONVERGE_TIMEOUT, "web-0 terminating", || async {
         let (ready, _) = endpoint_ips(&c.client, "web").await?;
         let rows = slice_endpoints(&c.client, "web").await;
         let r = rows.iter().find(|r| r.ip == "10.244.0.10")?;
@@ -379,7 +373,7 @@ async fn ready_pods_become_endpoints_and_an_unready_pod_moves() {
         ..DeleteParams::default()
     };
     pods.delete("web-0", &now).await.unwrap();
-    eventually("web-0 gone", || async {
+    common::eventually(CONVERGE_TIMEOUT, "web-0 gone", || async {
         let rows = slice_endpoints(&c.client, "web").await;
         (rows.len() == 2 && rows.iter().all(|r| r.ip != "10.244.0.10")).then_some(())
     })
@@ -392,7 +386,7 @@ async fn foreign_edits_are_reverted_and_deleted_objects_come_back() {
     register_node(&c.client, "node-a", "zone-a", "4").await;
     create_service(&c.client, "api", None).await;
     create_pod(&c.client, "api", "api-0", "node-a", "10.244.1.10").await;
-    let slice = eventually("the slice", || async {
+    let slice = common::eventually(CONVERGE_TIMEOUT, "the slice", || async {
         let slices = slices_of(&c.client, "api").await;
         (slices.len() == 1 && slices[0].endpoints.len() == 1).then(|| slices[0].clone())
     })
@@ -409,14 +403,14 @@ async fn foreign_edits_are_reverted_and_deleted_objects_come_back() {
         )
         .await
         .unwrap();
-    eventually("the slice refilled", || async {
+    common::eventually(CONVERGE_TIMEOUT, "the slice refilled", || async {
         let slices = slices_of(&c.client, "api").await;
         (slices.len() == 1 && slices[0].endpoints.len() == 1).then_some(())
     })
     .await;
 
     // Someone deletes the Endpoints: it is re-created.
-    eventually("the Endpoints", || async {
+    common::eventually(CONVERGE_TIMEOUT, "the Endpoints", || async {
         endpoint_ips(&c.client, "api").await
     })
     .await;
@@ -425,7 +419,7 @@ async fn foreign_edits_are_reverted_and_deleted_objects_come_back() {
         .delete("api", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the Endpoints re-created", || async {
+    common::eventually(CONVERGE_TIMEOUT, "the Endpoints re-created", || async {
         (endpoint_ips(&c.client, "api").await? == (strings(&["10.244.1.10"]), Vec::new()))
             .then_some(())
     })
@@ -437,7 +431,7 @@ async fn foreign_edits_are_reverted_and_deleted_objects_come_back() {
         .delete("api", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the Endpoints deleted", || async {
+    common::eventually(CONVERGE_TIMEOUT, "the Endpoints deleted", || async {
         endpoint_ips(&c.client, "api").await.is_none().then_some(())
     })
     .await;
@@ -461,7 +455,7 @@ async fn topology_mode_auto_hints_each_endpoint_for_its_zone() {
         .await;
     }
     // Equal CPU, two endpoints a zone: every endpoint hinted for its own zone.
-    let rows = eventually("four hinted endpoints", || async {
+    let rows = common::eventually(CONVERGE_TIMEOUT, "four hinted endpoints", || async {
         let rows = slice_endpoints(&c.client, "zonal").await;
         (rows.len() == 4 && rows.iter().all(|r| r.hint.is_some())).then_some(rows)
     })
@@ -473,7 +467,7 @@ async fn topology_mode_auto_hints_each_endpoint_for_its_zone() {
     // One pod of zone-b turns unready: 3 endpoints for 2 equal zones (1.5 each, minimum 2
     // within 20 %) cannot be hinted without overloading one; the hints go, all of them.
     set_ready(&c.client, "zonal-3", false).await;
-    eventually("hints removed", || async {
+    common::eventually(CONVERGE_TIMEOUT, "hints removed", || async {
         let rows = slice_endpoints(&c.client, "zonal").await;
         (rows.len() == 4 && rows.iter().all(|r| r.hint.is_none())).then_some(())
     })
@@ -520,7 +514,7 @@ async fn a_burst_of_pods_never_makes_a_second_slice() {
     for t in tasks {
         t.await.unwrap();
     }
-    eventually("thirty ready endpoints", || async {
+    common::eventually(CONVERGE_TIMEOUT, "thirty ready endpoints", || async {
         let rows = slice_endpoints(&c.client, "burst").await;
         (rows.len() == 30 && rows.iter().all(|r| r.ready)).then_some(())
     })

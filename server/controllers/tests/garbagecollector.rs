@@ -6,7 +6,8 @@
 
 #![allow(clippy::unwrap_used, reason = "a test panics to fail")]
 
-use std::future::Future;
+mod common;
+
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec};
@@ -73,25 +74,6 @@ async fn cluster_without_collector() -> Cluster {
     }
 }
 
-/// Polls `check` until it returns `Some`, or panics after [`CONVERGE_TIMEOUT`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + CONVERGE_TIMEOUT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn config_maps(c: &Cluster) -> Api<ConfigMap> {
     c.client.api::<ConfigMap>(Some(NS))
 }
@@ -140,9 +122,11 @@ async fn delete_with(c: &Cluster, name: &str, policy: &str) {
 
 async fn wait_gone(c: &Cluster, name: &str) {
     let api = config_maps(c);
-    eventually(&format!("{name} to be deleted"), || async {
-        api.get_opt(name).await.unwrap().is_none().then_some(())
-    })
+    common::eventually(
+        CONVERGE_TIMEOUT,
+        &format!("{name} to be deleted"),
+        || async { api.get_opt(name).await.unwrap().is_none().then_some(()) },
+    )
     .await;
 }
 
@@ -186,13 +170,17 @@ async fn background_deletion_collects_the_dependents() {
 
     delete_with(&c, "owner", "Background").await;
     wait_gone(&c, "dependent").await;
-    eventually("the dependent pod to be deleted", || async {
-        pods.get_opt("dependent-pod")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
+    common::eventually(
+        CONVERGE_TIMEOUT,
+        "the dependent pod to be deleted",
+        || async {
+            pods.get_opt("dependent-pod")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
     .await;
     let still = config_maps(&c).get("bystander").await.unwrap();
     assert_eq!(
@@ -246,10 +234,14 @@ async fn foreground_deletion_waits_for_the_blocking_dependent() {
 
     delete_with(&c, "owner", "Foreground").await;
     let api = config_maps(&c);
-    eventually("the blocker to be deleted by the collector", || async {
-        let blocker = api.get("blocker").await.unwrap();
-        blocker.metadata.deletion_timestamp.is_some().then_some(())
-    })
+    common::eventually(
+        CONVERGE_TIMEOUT,
+        "the blocker to be deleted by the collector",
+        || async {
+            let blocker = api.get("blocker").await.unwrap();
+            blocker.metadata.deletion_timestamp.is_some().then_some(())
+        },
+    )
     .await;
     wait_gone(&c, "free").await;
     // The owner waits while its blocking dependent exists.
@@ -288,11 +280,15 @@ async fn a_dependent_whose_owner_uid_differs_is_deleted() {
 
     wait_gone(&c, "stale-dependent").await;
     let api = config_maps(&c);
-    eventually("the dangling reference to be removed", || async {
-        let mixed = api.get("mixed-dependent").await.unwrap();
-        let refs = mixed.metadata.owner_references.unwrap_or_default();
-        (refs.len() == 1 && refs[0].name == "keeper").then_some(())
-    })
+    common::eventually(
+        CONVERGE_TIMEOUT,
+        "the dangling reference to be removed",
+        || async {
+            let mixed = api.get("mixed-dependent").await.unwrap();
+            let refs = mixed.metadata.owner_references.unwrap_or_default();
+            (refs.len() == 1 && refs[0].name == "keeper").then_some(())
+        },
+    )
     .await;
     assert!(
         api.get_opt("owner").await.unwrap().is_some(),

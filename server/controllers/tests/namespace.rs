@@ -7,8 +7,9 @@
 
 #![allow(clippy::unwrap_used, reason = "a test panics to fail")]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
@@ -65,25 +66,6 @@ async fn cluster() -> Cluster {
         _server: server,
         client,
         stop,
-    }
-}
-
-/// Polls `check` until it returns `Some`, or panics after [`CONVERGE_TIMEOUT`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + CONVERGE_TIMEOUT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -238,7 +220,8 @@ fn condition<'a>(namespace: &'a Namespace, type_: &str) -> Option<&'a NamespaceC
 
 async fn wait_for_default_service_account(client: &Client, namespace: &str) -> ServiceAccount {
     let api = client.api::<ServiceAccount>(Some(namespace));
-    eventually(
+    common::eventually(
+        CONVERGE_TIMEOUT,
         &format!("the default service account of {namespace}"),
         || {
             let api = api.clone();
@@ -250,16 +233,20 @@ async fn wait_for_default_service_account(client: &Client, namespace: &str) -> S
 
 async fn wait_until_gone(client: &Client, namespace: &str) {
     let api = client.api::<Namespace>(None);
-    eventually(&format!("namespace {namespace} to be removed"), || {
-        let api = api.clone();
-        async move {
-            api.get_opt(namespace)
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        }
-    })
+    common::eventually(
+        CONVERGE_TIMEOUT,
+        &format!("namespace {namespace} to be removed"),
+        || {
+            let api = api.clone();
+            async move {
+                api.get_opt(namespace)
+                    .await
+                    .unwrap()
+                    .is_none()
+                    .then_some(())
+            }
+        },
+    )
     .await;
 }
 
@@ -276,16 +263,20 @@ async fn a_new_namespace_gets_a_default_service_account_and_gets_it_back() {
         .await
         .unwrap();
     let api = c.client.api::<ServiceAccount>(Some("team-a"));
-    let second = eventually("the default service account to be re-created", || {
-        let api = api.clone();
-        let first_uid = first.metadata.uid.clone();
-        async move {
-            api.get_opt("default")
-                .await
-                .unwrap()
-                .filter(|sa| sa.metadata.uid != first_uid)
-        }
-    })
+    let second = common::eventually(
+        CONVERGE_TIMEOUT,
+        "the default service account to be re-created",
+        || {
+            let api = api.clone();
+            let first_uid = first.metadata.uid.clone();
+            async move {
+                api.get_opt("default")
+                    .await
+                    .unwrap()
+                    .filter(|sa| sa.metadata.uid != first_uid)
+            }
+        },
+    )
     .await;
     assert_ne!(second.metadata.uid, first.metadata.uid);
 
@@ -375,14 +366,18 @@ async fn content_held_by_a_finalizer_keeps_the_namespace_until_it_goes() {
 
     // The controller deletes what it can, and reports what is held and by what.
     let api = c.client.api::<Namespace>(None);
-    let ns = eventually("the namespace to report its finalizers", || {
-        let api = api.clone();
-        async move {
-            let ns = api.get("held").await.unwrap();
-            let c = condition(&ns, "NamespaceFinalizersRemaining")?;
-            (c.status == "True").then_some(ns)
-        }
-    })
+    let ns = common::eventually(
+        CONVERGE_TIMEOUT,
+        "the namespace to report its finalizers",
+        || {
+            let api = api.clone();
+            async move {
+                let ns = api.get("held").await.unwrap();
+                let c = condition(&ns, "NamespaceFinalizersRemaining")?;
+                (c.status == "True").then_some(ns)
+            }
+        },
+    )
     .await;
     let finalizers = condition(&ns, "NamespaceFinalizersRemaining").unwrap();
     assert_eq!(finalizers.reason.as_deref(), Some("SomeFinalizersRemain"));

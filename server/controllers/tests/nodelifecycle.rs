@@ -6,7 +6,8 @@
 
 #![allow(clippy::unwrap_used, reason = "a test panics to fail")]
 
-use std::future::Future;
+mod common;
+
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -54,24 +55,6 @@ async fn client(server: &TestServer) -> Client {
     };
     config.qps = 0.0;
     Client::new(config).unwrap()
-}
-
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + CONVERGE_TIMEOUT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn now_micro() -> serde_json::Value {
@@ -201,20 +184,24 @@ async fn a_silent_node_goes_unknown_is_tainted_and_its_pods_are_evicted() {
 
     // The silent node: Unknown, through the status subresource, with Kubernetes' reason.
     let nodes = client.api::<Node>(None);
-    eventually("the silent node to be marked Unknown", || async {
-        let node = nodes.get("silent").await.unwrap();
-        let ready = node
-            .status?
-            .conditions?
-            .into_iter()
-            .find(|c| c.type_ == "Ready")?;
-        (ready.status == "Unknown" && ready.reason.as_deref() == Some("NodeStatusUnknown"))
-            .then_some(())
-    })
+    common::eventually(
+        CONVERGE_TIMEOUT,
+        "the silent node to be marked Unknown",
+        || async {
+            let node = nodes.get("silent").await.unwrap();
+            let ready = node
+                .status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "Ready")?;
+            (ready.status == "Unknown" && ready.reason.as_deref() == Some("NodeStatusUnknown"))
+                .then_some(())
+        },
+    )
     .await;
 
     // ... and tainted unreachable:NoExecute, with the time it was added.
-    let time_added = eventually("the unreachable taint", || async {
+    let time_added = common::eventually(CONVERGE_TIMEOUT, "the unreachable taint", || async {
         let node = nodes.get("silent").await.unwrap();
         node.spec?
             .taints?
@@ -225,7 +212,7 @@ async fn a_silent_node_goes_unknown_is_tainted_and_its_pods_are_evicted() {
     .await;
 
     // The pod tolerating for 2 s goes after them; the one tolerating forever stays.
-    eventually("the victim pod to be evicted", || async {
+    common::eventually(CONVERGE_TIMEOUT, "the victim pod to be evicted", || async {
         evicted(&client, "victim").await.then_some(())
     })
     .await;

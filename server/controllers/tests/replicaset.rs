@@ -14,7 +14,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -138,25 +137,6 @@ fn replica_set(name: &str, replicas: i32) -> ReplicaSet {
     }
 }
 
-/// Polls `check` until it returns `Some`, or panics after [`CONVERGE_TIMEOUT`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + CONVERGE_TIMEOUT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// The pods of `app` that are not being deleted.
 async fn live_pods(client: &Client, app: &str) -> Vec<Pod> {
     let params = ListParams {
@@ -175,7 +155,7 @@ async fn live_pods(client: &Client, app: &str) -> Vec<Pod> {
 }
 
 async fn wait_for_pods(client: &Client, app: &str, n: usize) -> Vec<Pod> {
-    eventually(&format!("{n} pods of {app}"), || async {
+    common::eventually(CONVERGE_TIMEOUT, &format!("{n} pods of {app}"), || async {
         let pods = live_pods(client, app).await;
         (pods.len() == n).then_some(pods)
     })
@@ -184,7 +164,8 @@ async fn wait_for_pods(client: &Client, app: &str, n: usize) -> Vec<Pod> {
 
 async fn wait_for_status(client: &Client, name: &str, replicas: i32, ready: i32) {
     let api = client.api::<ReplicaSet>(Some(NS));
-    eventually(
+    common::eventually(
+        CONVERGE_TIMEOUT,
         &format!("status of {name}: {replicas} replicas, {ready} ready"),
         || async {
             let rs = api.get(name).await.ok()?;
@@ -300,7 +281,7 @@ async fn a_deleted_pod_is_replaced() {
         )
         .await
         .unwrap();
-    let replaced = eventually("a replacement pod", || async {
+    let replaced = common::eventually(CONVERGE_TIMEOUT, "a replacement pod", || async {
         let pods = live_pods(&c.client, "web").await;
         let names: Vec<String> = pods
             .iter()
@@ -344,7 +325,7 @@ async fn orphans_are_adopted() {
         pods.iter()
             .any(|p| p.metadata.name.as_deref() == Some("orphan"))
     );
-    let adopted = eventually("the orphan's owner reference", || async {
+    let adopted = common::eventually(CONVERGE_TIMEOUT, "the orphan's owner reference", || async {
         let pod = c.client.api::<Pod>(Some(NS)).get("orphan").await.ok()?;
         pod.metadata.owner_references.filter(|r| !r.is_empty())
     })
@@ -372,7 +353,7 @@ async fn pod_writes_are_events_on_the_replica_set() {
         .collect();
     names.sort();
     let created: Vec<String> = names.iter().map(|n| format!("Created pod: {n}")).collect();
-    let events = eventually("two SuccessfulCreate events", || async {
+    let events = common::eventually(CONVERGE_TIMEOUT, "two SuccessfulCreate events", || async {
         let events = events_about(&c, "web").await;
         (messages(&events, "SuccessfulCreate") == created).then_some(events)
     })
@@ -395,7 +376,7 @@ async fn pod_writes_are_events_on_the_replica_set() {
     let left = wait_for_pods(&c.client, "web", 1).await;
     let left = left[0].metadata.name.clone().unwrap();
     let deleted = names.iter().find(|n| **n != left).unwrap();
-    eventually("a SuccessfulDelete event", || async {
+    common::eventually(CONVERGE_TIMEOUT, "a SuccessfulDelete event", || async {
         let events = events_about(&c, "web").await;
         (messages(&events, "SuccessfulDelete") == vec![format!("Deleted pod: {deleted}")])
             .then_some(())

@@ -5,8 +5,9 @@
 
 #![allow(clippy::unwrap_used, reason = "a test panics to fail")]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -101,24 +102,6 @@ fn stateful_set(name: &str, replicas: i32) -> StatefulSet {
     }
 }
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + CONVERGE_TIMEOUT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// The names of the live (not terminating) pods of `app`, sorted.
 async fn live_names(client: &Client, app: &str) -> Vec<String> {
     let params = ListParams {
@@ -140,7 +123,7 @@ async fn live_names(client: &Client, app: &str) -> Vec<String> {
 }
 
 async fn wait_for_names(client: &Client, app: &str, want: &[&str]) {
-    eventually(&format!("pods {want:?}"), || async {
+    common::eventually(CONVERGE_TIMEOUT, &format!("pods {want:?}"), || async {
         (live_names(client, app).await == want).then_some(())
     })
     .await;
@@ -212,7 +195,7 @@ async fn ordered_ready_creates_one_ordinal_at_a_time() {
 
     let revision = update_revision(&set);
     let api = c.client.api::<StatefulSet>(Some(NS));
-    eventually("statefulset status", || async {
+    common::eventually(CONVERGE_TIMEOUT, "statefulset status", || async {
         let s = api.get("web").await.ok()?.status?;
         (s.replicas == 3
             && s.ready_replicas == Some(3)

@@ -37,3 +37,26 @@ pub fn controller_client(server: &TestServer, name: &str) -> Client {
         .expect("a certificate for the controller's service account");
     client_with_cert(server, &cert, &key)
 }
+
+/// How often [`eventually`] polls: quick next to a controller's convergence, slow enough to
+/// leave the two cores to the controllers being waited for.
+const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Polls `check` until it returns `Some`; panics naming `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: std::time::Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
