@@ -740,18 +740,22 @@ async fn watch_list_from_an_expired_rv_retries_at_once_from_a_consistent_snapsho
 async fn failures_back_off_from_800ms_doubling_to_the_cap_with_jitter() {
     let h = Harness::start(None);
     let attempts = 10;
-    let mut times = Vec::new();
+    // When each WATCH was made, and when its failure was handed over: the harness notices a
+    // call only on its next 10 ms poll, so the delay starts at the failure, not at the call.
+    let mut called = Vec::new();
+    let mut failed = Vec::new();
     for n in 1..=attempts {
         let (p, at) = h.watch_call(n).await;
         assert_watch_list(&p, "");
-        times.push(at);
+        called.push(at);
+        failed.push(Instant::now());
         h.watches
             .send(Err(Error::Transport("connection refused".into())))
             .unwrap();
     }
     let mut base = BACKOFF_INITIAL;
-    for (i, pair) in times.windows(2).enumerate() {
-        let gap = pair[1] - pair[0];
+    for i in 0..attempts - 1 {
+        let gap = called[i + 1] - failed[i];
         // Timers have millisecond resolution.
         assert!(
             gap >= base && gap <= base * 2 + Duration::from_millis(2),
