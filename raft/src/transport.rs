@@ -46,6 +46,10 @@ pub const FRAME_BYTES_MAX: usize = 64 << 20;
 /// Bytes gathered into one write before it is flushed: many small messages (heartbeats,
 /// appends to several followers) share a syscall.
 pub const WRITE_BATCH_BYTES: usize = 256 << 10;
+/// Read buffer of a peer's message connection. Under load a peer writes many small frames
+/// at once (append responses, forwarded proposals, heartbeats); reading them through one
+/// buffer takes one `recv` for the lot instead of two (length, then body) per frame.
+pub const RECEIVE_BUFFER_BYTES: usize = 64 << 10;
 /// First and longest pause between reconnection attempts. The cap stays well under the
 /// election timeout so a peer that comes back is heard from before it is voted out.
 pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -855,13 +859,14 @@ fn check_hello(hello_buf: &[u8; HELLO_BYTES], inner: &Inner) -> Result<u64, Stri
 
 /// Reads one peer connection until it closes; `from` learns the peer's id from its hello.
 async fn receive(
-    mut stream: Box<dyn PeerIo>,
+    stream: Box<dyn PeerIo>,
     hello_buf: &[u8; HELLO_BYTES],
     inner: &Inner,
     from: &mut Option<u64>,
 ) -> Result<(), String> {
     let peer = check_hello(hello_buf, inner)?;
     *from = Some(peer);
+    let mut stream = tokio::io::BufReader::with_capacity(RECEIVE_BUFFER_BYTES, stream);
     let inbound = &inner.inbound;
     let mut len_buf = [0u8; 4];
     let mut frame = Vec::new();

@@ -116,7 +116,8 @@ struct CompareArgs {
 
 #[derive(Args)]
 struct RunArgs {
-    /// The endpoint to measure, e.g. http://127.0.0.1:2379; loopback only.
+    /// The endpoint to measure, e.g. http://127.0.0.1:2379; loopback only. A cluster's members
+    /// may be listed comma-separated: connections then go round-robin over them.
     #[arg(long)]
     endpoint: String,
     #[command(flatten)]
@@ -414,7 +415,11 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
 
 /// Refuses endpoints that are not plain-HTTP loopback: this tool writes thousands of keys and
 /// must not be pointed at a shared cluster by accident.
-fn require_loopback(endpoint: &str) -> Result<()> {
+fn require_loopback(endpoints: &str) -> Result<()> {
+    endpoints.split(',').try_for_each(require_one_loopback)
+}
+
+fn require_one_loopback(endpoint: &str) -> Result<()> {
     let uri: tonic::codegen::http::Uri = endpoint
         .parse()
         .with_context(|| format!("parse endpoint {endpoint}"))?;
@@ -458,5 +463,35 @@ fn load_average() -> String {
             .collect::<Vec<_>>()
             .join(" "),
         Err(_) => "unknown".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::require_loopback;
+
+    #[test]
+    fn loopback_endpoints_are_accepted_one_or_several() {
+        for ok in [
+            "http://127.0.0.1:2379",
+            "http://localhost:2379",
+            "http://[::1]:2379",
+            "http://127.0.0.1:2379,http://127.0.0.1:22379,http://127.0.0.1:32379",
+        ] {
+            assert!(require_loopback(ok).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn any_endpoint_off_loopback_or_not_plain_http_is_refused() {
+        for (bad, why) in [
+            ("http://10.0.0.1:2379", "only loopback"),
+            ("https://127.0.0.1:2379", "only http://"),
+            ("http://127.0.0.1:2379,http://10.0.0.1:2379", "only loopback"),
+            ("http://127.0.0.1:2379,", "parse endpoint"),
+        ] {
+            let err = require_loopback(bad).expect_err(bad).to_string();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
     }
 }
