@@ -194,6 +194,11 @@ impl RaftNode {
             check_quorum: true,
             max_size_per_msg: APPEND_BYTES_MAX,
             max_inflight_msgs: APPENDS_IN_FLIGHT_MAX,
+            // Proposals stepped in one turn extend the append already queued for a follower
+            // instead of each queuing its own: with 512 appends allowed in flight, 20
+            // proposals would otherwise go out as 20 one-entry appends per follower, each
+            // encoded, sent, stepped and answered on its own.
+            batch_append: true,
             ..Default::default()
         };
         config

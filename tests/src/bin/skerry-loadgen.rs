@@ -487,7 +487,10 @@ mod tests {
         for (bad, why) in [
             ("http://10.0.0.1:2379", "only loopback"),
             ("https://127.0.0.1:2379", "only http://"),
-            ("http://127.0.0.1:2379,http://10.0.0.1:2379", "only loopback"),
+            (
+                "http://127.0.0.1:2379,http://10.0.0.1:2379",
+                "only loopback",
+            ),
             ("http://127.0.0.1:2379,", "parse endpoint"),
         ] {
             let err = require_loopback(bad).expect_err(bad).to_string();

@@ -343,6 +343,8 @@ impl World {
             check_quorum: true,
             max_size_per_msg: 1 << 20,
             max_inflight_msgs: 256,
+            // As the production node: a turn's proposals share one append per follower.
+            batch_append: true,
             ..Default::default()
         };
         let storage = SimStorage {
