@@ -210,7 +210,9 @@ async fn priority_class_crud_and_table() {
         "PriorityClass.scheduling.k8s.io \"high\" is invalid: value: Forbidden: may not be changed in an update."
     );
 
-    // `kubectl get pc`, served from the watch cache (resourceVersion=0).
+    // `kubectl get pc`, served from the watch cache (resourceVersion=0), which trails the
+    // store by milliseconds: wait until it holds the update.
+    wait_cached(&server, &format!("{CLASSES}/high")).await;
     let (status, table) = call_as(
         &server,
         Method::GET,
