@@ -22,6 +22,11 @@ use skerry_store::pb::etcdserverpb::{PutRequest, RangeRequest};
 const ROUNDS_DEFAULT: u32 = 8;
 /// Concurrent writers, enough that kills land in the middle of group-committed batches.
 const CLIENTS: u64 = 16;
+/// Bound on a writer's connect and on each put. A killed server's sockets close at once, so a
+/// put normally fails within milliseconds; but a tonic channel whose connection died can wait
+/// in `ready` for good (hyperium/tonic#1635), which hung this test once in CI. A put that runs
+/// out of time counts as unacknowledged, like one that failed.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
 fn key(client: u64) -> Bytes {
     Bytes::from(format!("crash/{client:02}"))
@@ -94,7 +99,9 @@ async fn acknowledged_writes_survive_kill_9() {
             let acked = acked.clone();
             let endpoint = endpoint.clone();
             writers.push(tokio::spawn(async move {
-                let Ok(mut kv) = KvClient::connect(endpoint).await else {
+                let Ok(Ok(mut kv)) =
+                    tokio::time::timeout(WRITE_TIMEOUT, KvClient::connect(endpoint)).await
+                else {
                     return 0u64;
                 };
                 let mut done = 0;
@@ -105,13 +112,13 @@ async fn acknowledged_writes_survive_kill_9() {
                         value: Bytes::from(next.to_string()),
                         ..Default::default()
                     };
-                    match kv.put(put).await {
-                        Ok(_) => {
+                    match tokio::time::timeout(WRITE_TIMEOUT, kv.put(put)).await {
+                        Ok(Ok(_)) => {
                             acked[client as usize].store(next, Ordering::SeqCst);
                             next += 1;
                             done += 1;
                         }
-                        Err(_) => return done,
+                        Ok(Err(_)) | Err(_) => return done,
                     }
                 }
             }));
