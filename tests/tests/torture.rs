@@ -2,13 +2,13 @@
 //! cluster of the debug `skerry` binary, one per nemesis family (partitions; kill -9 and
 //! SIGSTOP; membership changes under load), each of which must be judged valid, and runs
 //! against etcd under kill -9 and under partitions, which must be judged valid too: the
-//! checkers are not tuned to skerry. Every run compacts the store every few seconds (`torture::compactor`), so the
-//! compacted error paths (watchers cut off, reads below the floor, compactions refused) are
-//! exercised and judged. The etcd runs use a newer etcd (Debian sid's, 3.5.x, which `.ci/run`
-//! unpacks): etcd 3.4.23 fails the watch checker with a known etcd bug (etcd-io/etcd#20221,
-//! fixed in later releases: a watch resumed at a revision a lagging member has not reached gets
-//! progress notifications at that member's lower revision), always under partitions and now
-//! and then under kill -9.
+//! checkers are not tuned to skerry. Every run compacts the store every few seconds
+//! (`torture::compactor`), so the compacted error paths (watchers cut off, reads below the
+//! floor, compactions refused) are exercised and judged. The etcd runs use a newer etcd
+//! (Debian sid's, 3.5.x, which `.ci/run` unpacks): etcd 3.4.23 fails the watch checker with a
+//! known etcd bug (etcd-io/etcd#20221, fixed in later releases: a watch resumed at a revision
+//! a lagging member has not reached gets progress notifications at that member's lower
+//! revision), always under partitions and now and then under kill -9.
 //!
 //! As root (CI) members live in network namespaces and partitions are nft rules; otherwise
 //! a TCP proxy between members cuts them. The runs take a machine-wide lock, so they go one at
