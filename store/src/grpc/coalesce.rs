@@ -15,6 +15,16 @@
 //! larger segments, sends its next requests in fewer writes too (server CPU per put about
 //! 3-9% lower, client's 6-9%, in alternating runs). The cost is one extra poll of the
 //! connection task per flush, no timer and no added wait beyond the tasks already runnable.
+//!
+//! It also reports no vectored writes. h2 decides by that how to queue a DATA frame: with
+//! vectored writes it chains any payload of 256 bytes or more (`CHAIN_THRESHOLD`) behind its
+//! buffer and ends the write there, so each such frame left in a write of its own; without,
+//! it copies payloads under 1 KiB (`CHAIN_THRESHOLD_WITHOUT_VECTORED_IO`) into the buffer and
+//! keeps filling it. A Range answer carrying one 256-byte value is just over the first
+//! threshold: under the get workload (64 clients) this raised throughput by 20-35% and cut
+//! server CPU per read by about a fifth (four alternating runs each); put answers, which are
+//! small either way, did not change. Big frames are still chained, so a 500-key page is not
+//! copied.
 
 use std::io;
 use std::pin::Pin;
@@ -82,8 +92,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for CoalesceWrites<IO> {
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
+    /// No, whatever the inner stream can do: see the module docs (h2's chain threshold).
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        false
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -165,6 +176,18 @@ mod tests {
                 .is_pending()
         );
         assert_eq!(counter.0.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn reports_no_vectored_writes_so_h2_copies_small_frames() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let stream = tokio::net::TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        assert!(stream.is_write_vectored());
+        assert!(!CoalesceWrites::new(stream).is_write_vectored());
     }
 
     #[tokio::test]
