@@ -12,4 +12,5 @@ pub mod failover;
 pub mod report;
 pub mod server;
 pub mod stats;
+pub mod unary;
 pub mod workloads;

@@ -18,8 +18,8 @@ use skerry_store::pb::etcdserverpb::compare::{CompareResult, CompareTarget, Targ
 use skerry_store::pb::etcdserverpb::kv_client::KvClient;
 use skerry_store::pb::etcdserverpb::watch_client::WatchClient;
 use skerry_store::pb::etcdserverpb::{
-    Compare, PutRequest, RangeRequest, RequestOp, TxnRequest, WatchCreateRequest, WatchRequest,
-    request_op, response_op, watch_request,
+    Compare, PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp, TxnRequest,
+    TxnResponse, WatchCreateRequest, WatchRequest, request_op, response_op, watch_request,
 };
 use skerry_store::pb::mvccpb::event::EventType;
 use tokio::sync::{mpsc, watch};
@@ -31,6 +31,7 @@ use tracing::{debug, info};
 
 use super::server::CpuMeter;
 use super::stats::{ERROR_SAMPLES_MAX, Extra, LatencySummary, WorkloadResult};
+use super::unary::{KV_PUT, KV_RANGE, KV_TXN, UnaryConn};
 
 /// Concurrent clients in put64, get and txn, each with one request in flight: the issue's
 /// 64, about what a busy kube-apiserver keeps in flight against etcd.
@@ -310,6 +311,23 @@ async fn connect_many(
     Ok(channels)
 }
 
+/// Opens `count` lean unary connections (see `unary`), round-robin over the listed members.
+async fn connect_unary(endpoint: &str, count: usize) -> Result<Vec<UnaryConn>> {
+    let endpoints: Vec<&str> = endpoint.split(',').collect();
+    let mut conns = Vec::with_capacity(count);
+    for i in 0..count {
+        conns.push(
+            UnaryConn::connect(
+                endpoints[i % endpoints.len()],
+                CONNECT_TIMEOUT,
+                REQUEST_TIMEOUT,
+            )
+            .await?,
+        );
+    }
+    Ok(conns)
+}
+
 /// The value every put writes: `VALUE_BYTES` of a fixed printable pattern.
 fn value() -> Bytes {
     (0..VALUE_BYTES)
@@ -466,7 +484,7 @@ async fn drive<C: OpClient>(clients: Vec<C>, ops_planned: u64, deadline: Instant
 
 /// Puts `VALUE_BYTES` to key `<prefix><op_index>`.
 struct PutClient {
-    kv: KvClient<Channel>,
+    kv: UnaryConn,
     prefix: String,
     value: Bytes,
 }
@@ -478,18 +496,18 @@ impl OpClient for PutClient {
             value: self.value.clone(),
             ..Default::default()
         };
-        match self.kv.put(request).await {
+        match self.kv.call::<_, PutResponse>(&KV_PUT, &request).await {
             Ok(_) => OpOutcome::Done,
-            Err(status) => OpOutcome::Failed(status_text(&status)),
+            Err(error) => OpOutcome::Failed(error),
         }
     }
 }
 
-fn put_clients(channels: &[Channel], clients: usize, prefix: &str) -> Vec<PutClient> {
+fn put_clients(conns: &[UnaryConn], clients: usize, prefix: &str) -> Vec<PutClient> {
     let value = value();
     (0..clients)
         .map(|i| PutClient {
-            kv: KvClient::new(channels[i % channels.len()].clone()),
+            kv: conns[i % conns.len()].clone(),
             prefix: prefix.to_owned(),
             value: value.clone(),
         })
@@ -505,20 +523,15 @@ async fn put_workload(
     ops_planned: u64,
     deadline: Instant,
 ) -> Result<WorkloadResult> {
-    let channels = connect_many(endpoint, channels, Some(REQUEST_TIMEOUT)).await?;
+    let conns = connect_unary(endpoint, channels).await?;
     let prefix = format!("{KEY_PREFIX}{}/", workload.name());
-    let driven = drive(
-        put_clients(&channels, clients, &prefix),
-        ops_planned,
-        deadline,
-    )
-    .await;
+    let driven = drive(put_clients(&conns, clients, &prefix), ops_planned, deadline).await;
     Ok(driven.into_result(ops_planned, Vec::new()))
 }
 
 /// Linearizable Range of one key that must exist.
 struct GetClient {
-    kv: KvClient<Channel>,
+    kv: UnaryConn,
     key: Bytes,
 }
 
@@ -528,13 +541,12 @@ impl OpClient for GetClient {
             key: self.key.clone(),
             ..Default::default()
         };
-        match self.kv.range(request).await {
-            Ok(response) if response.get_ref().kvs.len() == 1 => OpOutcome::Done,
-            Ok(response) => OpOutcome::Failed(format!(
-                "range returned {} kvs, want 1",
-                response.get_ref().kvs.len()
-            )),
-            Err(status) => OpOutcome::Failed(status_text(&status)),
+        match self.kv.call::<_, RangeResponse>(&KV_RANGE, &request).await {
+            Ok(response) if response.kvs.len() == 1 => OpOutcome::Done,
+            Ok(response) => {
+                OpOutcome::Failed(format!("range returned {} kvs, want 1", response.kvs.len()))
+            }
+            Err(error) => OpOutcome::Failed(error),
         }
     }
 }
@@ -544,19 +556,24 @@ async fn get_workload(
     ops_planned: u64,
     deadline: Instant,
 ) -> Result<WorkloadResult> {
-    let channels = connect_many(endpoint, CHANNELS, Some(REQUEST_TIMEOUT)).await?;
+    let conns = connect_unary(endpoint, CHANNELS).await?;
     let key = Bytes::from(format!("{KEY_PREFIX}get/key"));
-    KvClient::new(channels[0].clone())
-        .put(PutRequest {
-            key: key.clone(),
-            value: value(),
-            ..Default::default()
-        })
+    conns[0]
+        .clone()
+        .call::<_, PutResponse>(
+            &KV_PUT,
+            &PutRequest {
+                key: key.clone(),
+                value: value(),
+                ..Default::default()
+            },
+        )
         .await
+        .map_err(anyhow::Error::msg)
         .context("put the key that get reads")?;
     let clients = (0..CLIENTS)
         .map(|i| GetClient {
-            kv: KvClient::new(channels[i % CHANNELS].clone()),
+            kv: conns[i % CHANNELS].clone(),
             key: key.clone(),
         })
         .collect();
@@ -568,7 +585,7 @@ async fn get_workload(
 /// else → range key). A failed compare is a conflict, and its range tells the client the
 /// key's current mod_revision for the next attempt, as clientv3's STM does.
 struct TxnClient {
-    kv: KvClient<Channel>,
+    kv: UnaryConn,
     key: Bytes,
     value: Bytes,
     /// The key's mod_revision as this client last saw it.
@@ -599,9 +616,9 @@ impl OpClient for TxnClient {
                 })),
             }],
         };
-        let response = match self.kv.txn(request).await {
-            Ok(response) => response.into_inner(),
-            Err(status) => return OpOutcome::Failed(status_text(&status)),
+        let response = match self.kv.call::<_, TxnResponse>(&KV_TXN, &request).await {
+            Ok(response) => response,
+            Err(error) => return OpOutcome::Failed(error),
         };
         if response.succeeded {
             // The put happened at the txn's revision, which is now the key's mod_revision.
@@ -632,35 +649,42 @@ async fn txn_workload(
     ops_planned: u64,
     deadline: Instant,
 ) -> Result<WorkloadResult> {
-    let channels = connect_many(endpoint, CHANNELS, Some(REQUEST_TIMEOUT)).await?;
+    let conns = connect_unary(endpoint, CHANNELS).await?;
     let value = value();
-    let mut setup = KvClient::new(channels[0].clone());
+    let mut setup = conns[0].clone();
     let hot_keys: Vec<Bytes> = (0..TXN_HOT_KEYS)
         .map(|i| Bytes::from(format!("{KEY_PREFIX}txn/hot{i:02}")))
         .collect();
     for key in &hot_keys {
         setup
-            .put(PutRequest {
-                key: key.clone(),
-                value: value.clone(),
-                ..Default::default()
-            })
+            .call::<_, PutResponse>(
+                &KV_PUT,
+                &PutRequest {
+                    key: key.clone(),
+                    value: value.clone(),
+                    ..Default::default()
+                },
+            )
             .await
+            .map_err(anyhow::Error::msg)
             .context("create txn hot key")?;
     }
     // Each client reads its key once to learn the mod_revision its first compare expects.
     let mut clients = Vec::with_capacity(CLIENTS);
     for i in 0..CLIENTS {
         let key = hot_keys[i % TXN_HOT_KEYS].clone();
-        let mut kv = KvClient::new(channels[i % CHANNELS].clone());
+        let mut kv = conns[i % CHANNELS].clone();
         let range = kv
-            .range(RangeRequest {
-                key: key.clone(),
-                ..Default::default()
-            })
+            .call::<_, RangeResponse>(
+                &KV_RANGE,
+                &RangeRequest {
+                    key: key.clone(),
+                    ..Default::default()
+                },
+            )
             .await
-            .context("read txn hot key")?
-            .into_inner();
+            .map_err(anyhow::Error::msg)
+            .context("read txn hot key")?;
         let mod_revision = range.kvs.first().map_or(0, |kv| kv.mod_revision);
         clients.push(TxnClient {
             kv,
@@ -1120,10 +1144,10 @@ async fn range_workload(
     deadline: Instant,
     cpu: &mut CpuMeter,
 ) -> Result<WorkloadResult> {
-    let channels = connect_many(endpoint, CHANNELS, Some(REQUEST_TIMEOUT)).await?;
+    let conns = connect_unary(endpoint, CHANNELS).await?;
     let prefix = format!("{KEY_PREFIX}range/");
     let preload = drive(
-        put_clients(&channels, CLIENTS, &prefix),
+        put_clients(&conns, CLIENTS, &prefix),
         plan.range_keys,
         deadline,
     )
@@ -1144,7 +1168,7 @@ async fn range_workload(
     info!(keys = plan.range_keys, elapsed = ?preload.elapsed, "preloaded range keys");
     cpu.restart();
 
-    let mut kv = KvClient::new(channels[0].clone());
+    let mut kv = conns[0].clone();
     let range_end = prefix_end(prefix.as_bytes());
     let pages_per_scan_max = plan.range_keys / RANGE_PAGE_LIMIT as u64 + 2;
     let mut driven = Driven::default();
@@ -1173,10 +1197,10 @@ async fn range_workload(
                 ..Default::default()
             };
             let page_started = Instant::now();
-            let response = match kv.range(request).await {
-                Ok(response) => response.into_inner(),
-                Err(status) => {
-                    driven.add_error(status_text(&status));
+            let response = match kv.call::<_, RangeResponse>(&KV_RANGE, &request).await {
+                Ok(response) => response,
+                Err(error) => {
+                    driven.add_error(error);
                     continue 'scans;
                 }
             };
