@@ -236,8 +236,8 @@ fn percent_decode(raw: &[u8]) -> String {
 /// A TCP stream that reports no vectored writes, so that `h2` copies every frame under
 /// 1 KiB into its write buffer (its `CHAIN_THRESHOLD_WITHOUT_VECTORED_IO`) and writes a
 /// round's requests in one `write`, instead of ending the write at each DATA frame over
-/// 256 bytes (`CHAIN_THRESHOLD`, with vectored writes). Measured under put64: 1.3 `writev`s
-/// per put before, 0.28 `write`s after.
+/// 256 bytes (`CHAIN_THRESHOLD`, with vectored writes). Measured under put64 (20,000 puts):
+/// tonic's client made 1.3 `writev`s per put, this one 0.14 `sendto`s.
 struct CopyingWrites(TcpStream);
 
 impl AsyncRead for CopyingWrites {
