@@ -59,6 +59,21 @@ pub const LEARNERS_MAX: usize = 1;
 /// `readyPercent`): promoting a learner far behind would stall commits until it caught up.
 pub const LEARNER_READY_PERCENT: u64 = 90;
 
+/// Whether fast failover campaigns at the `tick`-th tick since the leader's connection closed:
+/// always at the first, then as a fair coin drawn from the member's id and the tick
+/// (splitmix64), so that survivors ticking in step stop splitting the vote. Deterministic,
+/// so that the simulation replays it; different ids give unrelated draws.
+fn retry_campaign(id: u64, tick: u64) -> bool {
+    if tick == 0 {
+        return true;
+    }
+    let mut z = id ^ tick.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    z & 1 == 1
+}
+
 /// A linearizable reader waiting for the read index of its round.
 pub type ReadWaiter = oneshot::Sender<Result<u64, StoreError>>;
 
@@ -162,8 +177,11 @@ pub struct Core<H: Host> {
     stopping: Option<Instant>,
     /// Proposals and reads that arrived while no leader was known, with their arrival.
     leaderless: Vec<(Instant, Input)>,
-    /// The leader whose connection to us dropped: campaign every tick until another leads.
+    /// The leader whose connection to us dropped: campaign at once, then at about every
+    /// other tick until another leads (see `campaign_if_leader_gone`).
     suspect: Option<u64>,
+    /// Ticks since `suspect` was set, for `retry_campaign`'s draw.
+    suspect_ticks: u64,
     /// Lease renewals by our clients, passed on to the leader once per loop turn.
     renewals: Vec<i64>,
     election: Duration,
@@ -374,6 +392,7 @@ impl<H: Host> Core<H> {
             stopping: None,
             leaderless: Vec::new(),
             suspect: None,
+            suspect_ticks: 0,
             renewals: Vec::new(),
             election: config.election,
             cluster_id: config.cluster_id,
@@ -554,6 +573,7 @@ impl<H: Host> Core<H> {
                         "the leader's connection closed; campaigning as soon as the others agree"
                     );
                     self.suspect = Some(peer);
+                    self.suspect_ticks = 0;
                 }
             }
             Received::SnapshotSent { peer, ok } => {
@@ -734,10 +754,23 @@ impl<H: Host> Core<H> {
     }
 
     /// Fast failover: the leader's process is gone (its connection closed), so rather than
-    /// wait out a randomized election timeout (1-2 s by default), stand for election at every
-    /// tick. Pre-vote keeps this harmless: the others refuse while they still hear from a
-    /// leader (their lease, one election timeout), so a live leader is never disturbed, and
-    /// once their lease lapses the first pre-vote wins.
+    /// wait out a randomized election timeout (1-2 s by default), stand for election at the
+    /// next tick, and again at later ticks until someone leads. Pre-vote keeps this harmless:
+    /// the others refuse while they still hear from a leader (their lease, one election
+    /// timeout), so a live leader is never disturbed; a survivor that campaigns forgets the
+    /// old leader, so once both survivors have campaigned one of them wins.
+    ///
+    /// The retries are drawn, not made at every tick. Survivors see the leader's connections
+    /// close at the same instant, and members started together tick in step (each ticks on
+    /// a fixed schedule from its start). Two that campaign in the same tick grant each other
+    /// the pre-vote, then each votes for itself: a split vote. Retrying at every tick split
+    /// it again at every tick for as long as their ticks stayed within a round trip of each
+    /// other, and the forced campaigns kept raft-rs's randomized timeout from ever breaking
+    /// the tie (the simulation's `survivors_ticking_in_step_elect_a_leader_within_a_second`:
+    /// no leader 30 s after the kill). It is the likely cause of a 12.9 s outage after one
+    /// kill -9 in `skerry-loadgen compare --members 3`. With each retry drawn at even odds
+    /// per member, two survivors in step both campaign in a tick with odds 1/4 and one alone
+    /// with odds 1/2, and one alone wins.
     fn campaign_if_leader_gone(&mut self) {
         let Some(suspect) = self.suspect else {
             return;
@@ -745,6 +778,11 @@ impl<H: Host> Core<H> {
         let leader = self.raw.raft.leader_id;
         if (leader != 0 && leader != suspect) || self.raw.raft.state == StateRole::Leader {
             self.suspect = None;
+            return;
+        }
+        let tick = self.suspect_ticks;
+        self.suspect_ticks += 1;
+        if !retry_campaign(self.id, tick) {
             return;
         }
         if let Err(e) = self.raw.campaign() {
@@ -1190,5 +1228,45 @@ mod tests {
             Some((0xabc, 42))
         );
         assert_eq!(parse_context(b"short"), None);
+    }
+
+    /// Two survivors ticking in step: the first tick both campaign (the fast path), and
+    /// from then on they soon differ, which is what ends a split vote.
+    #[test]
+    fn survivors_in_step_stop_campaigning_together() {
+        // Member ids as the cluster derives them are hashes; any distinct u64s will do.
+        let ids: Vec<u64> = (1..=200u64)
+            .map(|i| i.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x1234_5678)
+            .collect();
+        let (mut both, mut alone, mut draws) = (0u64, 0u64, 0u64);
+        let (mut waits, mut pairs) = (0u64, 0u64);
+        for (n, &a) in ids.iter().enumerate() {
+            for &b in &ids[n + 1..] {
+                assert!(retry_campaign(a, 0) && retry_campaign(b, 0));
+                // The first later tick where exactly one campaigns: a geometric wait with
+                // odds 1/2, two ticks on average; 24 in a row would be odds 2^-24.
+                let first_alone = (1..=24)
+                    .find(|&t| retry_campaign(a, t) != retry_campaign(b, t))
+                    .unwrap_or_else(|| panic!("{a:x} and {b:x} agree for 24 ticks"));
+                waits += first_alone;
+                pairs += 1;
+                for t in 1..=16 {
+                    let (x, y) = (retry_campaign(a, t), retry_campaign(b, t));
+                    both += u64::from(x && y);
+                    alone += u64::from(x != y);
+                    draws += 1;
+                }
+            }
+        }
+        // Fair coins: both campaign in a quarter of the ticks, one alone in half.
+        let both = both as f64 / draws as f64;
+        let alone = alone as f64 / draws as f64;
+        assert!((0.22..0.28).contains(&both), "both {both}");
+        assert!((0.47..0.53).contains(&alone), "alone {alone}");
+        let mean_wait = waits as f64 / pairs as f64;
+        assert!(
+            (1.8..2.2).contains(&mean_wait),
+            "mean wait {mean_wait} ticks"
+        );
     }
 }
