@@ -27,6 +27,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use h2::client::SendRequest;
+use http::uri::{Authority, Scheme};
 use http::{HeaderMap, Method, Request, Uri};
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -45,8 +46,8 @@ const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 #[derive(Clone)]
 pub struct UnaryConn {
     send: SendRequest<Bytes>,
-    /// `http://host:port`, prefixed to each method path.
-    base: String,
+    /// `host:port`, each request's `:authority`.
+    authority: Authority,
     timeout: Duration,
 }
 
@@ -74,7 +75,11 @@ impl UnaryConn {
         if uri.scheme_str() != Some("http") {
             bail!("endpoint {endpoint}: only plain http:// is measured");
         }
-        let host = uri.host().unwrap_or_default().trim_matches(['[', ']']);
+        let authority = uri
+            .authority()
+            .cloned()
+            .with_context(|| format!("endpoint {endpoint}: no host"))?;
+        let host = authority.host().trim_matches(['[', ']']);
         let port = uri.port_u16().unwrap_or(80);
         let stream = tokio::time::timeout(connect_timeout, TcpStream::connect((host, port)))
             .await
@@ -90,10 +95,9 @@ impl UnaryConn {
                 debug!(error = %e, "load generator connection ended");
             }
         });
-        let base = format!("http://{}", uri.authority().map_or("", |a| a.as_str()));
         Ok(Self {
             send,
-            base,
+            authority,
             timeout,
         })
     }
@@ -120,7 +124,14 @@ impl UnaryConn {
             .map_err(|e| format!("connection: {e}"))?;
         let head = Request::builder()
             .method(Method::POST)
-            .uri(format!("{}{}", self.base, method.0))
+            .uri(
+                Uri::builder()
+                    .scheme(Scheme::HTTP)
+                    .authority(self.authority.clone())
+                    .path_and_query(method.0)
+                    .build()
+                    .map_err(|e| format!("request uri: {e}"))?,
+            )
             .header(http::header::CONTENT_TYPE, "application/grpc")
             .header(http::header::TE, "trailers")
             .body(())
