@@ -1,0 +1,301 @@
+//! What every listener of `skerry server` puts around `accept`: a pause that grows while
+//! accepting fails, and a cap on the connections that have not yet shown who they are.
+//!
+//! `accept(2)` fails while the process is out of file descriptors (`EMFILE`), the machine is
+//! (`ENFILE`), or the kernel is short of socket memory. The pending connection stays in the
+//! backlog, so the listener is readable again at once: a loop that retries straight away
+//! spins a core and floods the log until a descriptor frees. [`AcceptBackoff`] pauses 5 ms
+//! after the first failure, doubling up to 1 s, as Go's `net/http` `Server.Serve` does, and
+//! logs one warning per run of failures and one line when accepting works again.
+//!
+//! From the moment it is accepted a connection holds a task, a descriptor and handshake
+//! state, before it has proved anything (a TLS handshake, then a first frame or request).
+//! [`HandshakeGate`] gives at most a fixed number of such connections a slot; one beyond it is
+//! closed at once. The trick: refusing at accept, instead of letting a flood queue, means the
+//! connections that already authenticated never wait behind it, and a flood costs its sender
+//! a refused connection rather than us a task per socket. A slot comes back when its
+//! connection authenticates or closes, and every listener bounds that time with its own
+//! deadline, so no slot is held for good.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::{info, warn};
+
+/// First pause after a failed accept. Go's `net/http` `(*Server).Serve` (`server.go`): 5 ms,
+/// short enough that a descriptor freed by a closing connection is used almost at once.
+pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+/// Longest pause between accepts while they keep failing (Go's `Serve` caps it at 1 s): a
+/// listener out of descriptors tries once a second, costing nothing, and resumes within a
+/// second of one freeing.
+pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// The backoff state of one accept loop (see the module docs).
+pub struct AcceptBackoff {
+    /// Names the listener in the log: `peer`, `kubernetes-api`, ...
+    listener: &'static str,
+    /// The last pause; zero while accepting succeeds.
+    delay: Duration,
+    /// Failures since the last success.
+    failures: u64,
+}
+
+impl AcceptBackoff {
+    pub fn new(listener: &'static str) -> Self {
+        Self {
+            listener,
+            delay: Duration::ZERO,
+            failures: 0,
+        }
+    }
+
+    /// The next connection `accept` yields, pausing with backoff after each failure. Safe
+    /// to cancel (in a `select!`) when `accept` is, as `TcpListener::accept` is.
+    pub async fn accept<T, F, Fut>(&mut self, mut accept: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = io::Result<T>>,
+    {
+        loop {
+            match accept().await {
+                Ok(conn) => {
+                    if self.failures > 0 {
+                        info!(
+                            listener = self.listener,
+                            failures = self.failures,
+                            "accepting connections again"
+                        );
+                    }
+                    self.failures = 0;
+                    self.delay = Duration::ZERO;
+                    return conn;
+                }
+                // The client reset the connection while it waited in the backlog: that
+                // connection is gone from the queue and the next is unaffected (Go's poller
+                // retries at once too, `internal/poll/fd_unix.go` `Accept`).
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
+                Err(e) => {
+                    self.delay = if self.delay.is_zero() {
+                        ACCEPT_BACKOFF_MIN
+                    } else {
+                        (self.delay * 2).min(ACCEPT_BACKOFF_MAX)
+                    };
+                    if self.failures == 0 {
+                        warn!(
+                            listener = self.listener,
+                            error = %e,
+                            "accepting a connection failed; retrying every 5 ms, doubling to 1 s, \
+                             until it works"
+                        );
+                    }
+                    self.failures += 1;
+                    tokio::time::sleep(self.delay).await;
+                }
+            }
+        }
+    }
+}
+
+/// The cap on one listener's connections still in their handshake (see the module docs).
+/// Cheap to clone: the clones share the slots.
+#[derive(Clone)]
+pub struct HandshakeGate {
+    inner: Arc<GateInner>,
+}
+
+struct GateInner {
+    listener: &'static str,
+    max: usize,
+    slots: Arc<Semaphore>,
+    /// Connections refused since one was last admitted: the first of a run is logged, and
+    /// the count when admitting resumes.
+    refused: AtomicU64,
+}
+
+/// A connection's place under the cap; dropping it (the connection authenticated, or it
+/// closed) makes room for another.
+pub struct HandshakeSlot {
+    _permit: OwnedSemaphorePermit,
+}
+
+impl HandshakeGate {
+    /// A gate letting at most `max` connections of `listener` handshake at once.
+    pub fn new(listener: &'static str, max: usize) -> Self {
+        Self {
+            inner: Arc::new(GateInner {
+                listener,
+                max,
+                slots: Arc::new(Semaphore::new(max)),
+                refused: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// A slot for a connection just accepted, or `None` when `max` are already handshaking:
+    /// the caller then closes the connection at once.
+    pub fn admit(&self) -> Option<HandshakeSlot> {
+        let inner = &self.inner;
+        match inner.slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let refused = inner.refused.swap(0, Ordering::Relaxed);
+                if refused > 0 {
+                    info!(
+                        listener = inner.listener,
+                        refused, "admitting connections again after refusing some over the cap"
+                    );
+                }
+                Some(HandshakeSlot { _permit: permit })
+            }
+            Err(_) => {
+                if inner.refused.fetch_add(1, Ordering::Relaxed) == 0 {
+                    warn!(
+                        listener = inner.listener,
+                        max = inner.max,
+                        "too many connections still in their handshake; closing new ones at \
+                         once until some finish"
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    /// Connections holding a slot now.
+    pub fn handshaking(&self) -> usize {
+        self.inner.max - self.inner.slots.available_permits()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a test panics to fail")]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use tokio::time::Instant;
+
+    /// A `tracing` writer into a shared buffer, to count what was logged.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn count(&self, needle: &str) -> usize {
+            String::from_utf8_lossy(&self.0.lock().unwrap())
+                .matches(needle)
+                .count()
+        }
+    }
+
+    fn capture() -> (Captured, tracing::subscriber::DefaultGuard) {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        (captured, tracing::subscriber::set_default(subscriber))
+    }
+
+    /// Failing accepts pause 5 ms, doubling to 1 s, start again at 5 ms after a success, and
+    /// log one warning per run of failures.
+    #[tokio::test(start_paused = true)]
+    async fn failures_back_off_from_5_ms_doubling_to_1_s_and_log_once_per_run() {
+        let (log, _guard) = capture();
+        let mut backoff = AcceptBackoff::new("test");
+        let mut calls = Vec::new();
+        let start = Instant::now();
+        let mut fail_for = 11;
+        let got = backoff
+            .accept(|| {
+                calls.push(start.elapsed());
+                fail_for -= 1;
+                let result = if fail_for >= 0 {
+                    Err(io::Error::from_raw_os_error(24)) // EMFILE
+                } else {
+                    Ok(7)
+                };
+                async move { result }
+            })
+            .await;
+        assert_eq!(got, 7);
+        let pauses: Vec<u64> = calls
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_millis() as u64)
+            .collect();
+        assert_eq!(pauses, [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
+        assert_eq!(log.count("accepting a connection failed"), 1);
+        assert_eq!(log.count("accepting connections again"), 1);
+
+        // A new run starts from the shortest pause and warns again.
+        let mut calls = Vec::new();
+        let mut fail_for = 2;
+        backoff
+            .accept(|| {
+                calls.push(Instant::now());
+                fail_for -= 1;
+                let result = if fail_for >= 0 {
+                    Err(io::Error::from_raw_os_error(24))
+                } else {
+                    Ok(())
+                };
+                async move { result }
+            })
+            .await;
+        assert_eq!(calls[1] - calls[0], ACCEPT_BACKOFF_MIN);
+        assert_eq!(calls[2] - calls[1], ACCEPT_BACKOFF_MIN * 2);
+        assert_eq!(log.count("accepting a connection failed"), 2);
+    }
+
+    /// A connection aborted in the backlog is skipped without a pause or a warning.
+    #[tokio::test(start_paused = true)]
+    async fn an_aborted_connection_is_skipped_at_once() {
+        let (log, _guard) = capture();
+        let mut backoff = AcceptBackoff::new("test");
+        let start = Instant::now();
+        let mut first = true;
+        backoff
+            .accept(|| {
+                let result = if std::mem::take(&mut first) {
+                    Err(io::Error::from(io::ErrorKind::ConnectionAborted))
+                } else {
+                    Ok(())
+                };
+                async move { result }
+            })
+            .await;
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(log.count("failed"), 0);
+    }
+
+    /// The gate admits `max` at once, refuses the next (logging once per run), and admits
+    /// again when a slot is given back.
+    #[test]
+    fn the_gate_refuses_beyond_its_cap_until_a_slot_is_given_back() {
+        let (log, _guard) = capture();
+        let gate = HandshakeGate::new("test", 3);
+        let mut slots: Vec<HandshakeSlot> = (0..3).map(|_| gate.admit().unwrap()).collect();
+        assert_eq!(gate.handshaking(), 3);
+        assert!(gate.admit().is_none());
+        assert!(gate.clone().admit().is_none(), "clones share the slots");
+        assert_eq!(log.count("too many connections"), 1);
+        slots.pop();
+        assert_eq!(gate.handshaking(), 2);
+        slots.push(gate.admit().unwrap());
+        assert_eq!(log.count("refused=2"), 1);
+        assert!(gate.admit().is_none());
+        assert_eq!(log.count("too many connections"), 2);
+    }
+}
