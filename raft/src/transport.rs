@@ -18,6 +18,13 @@
 //! Frames are bounded ([`FRAME_BYTES_MAX`]); a peer that sends more is cut off. Raft tolerates
 //! lost messages, so a full queue or a broken connection drops messages rather than blocking
 //! the Raft loop; raft-rs is told the peer is unreachable and probes again.
+//!
+//! The listener trusts nobody until the hello: a connection gets [`HELLO_TIMEOUT`] from accept
+//! to finish its TLS handshake and send its hello (a join query, which no hello
+//! authenticates, to be answered), and at most [`UNAUTHENTICATED_PEERS_MAX`] connections may
+//! be at that stage at once; one beyond is closed at accept (`skerry_store::accept`), so a
+//! flood of idle connections neither holds tasks for good nor delays the peers already
+//! talking. Failed accepts (out of descriptors) back off from 5 ms to 1 s.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -28,6 +35,7 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
+use skerry_store::accept::{AcceptBackoff, HandshakeGate, HandshakeSlot};
 use skerry_store::replication::MembershipChange;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -56,6 +64,22 @@ pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// Bound on a TCP connect to a peer.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// From accept to a complete hello, TLS handshake included (and, on our side, the TLS
+/// handshake of a dial): a connection that has not said who it is by then is closed. etcd
+/// serves its peer port through the timeout listener of `rafthttp.NewListener`
+/// (`etcdserver/api/rafthttp/util.go`), which puts `ConnReadTimeout`, 5 s
+/// (`etcdserver/api/rafthttp/peer.go`), on every read, and so on its TLS handshake and first
+/// request. A member's handshake and hello take a few round trips; a flood of idle
+/// connections holds each slot of [`UNAUTHENTICATED_PEERS_MAX`] this long at most.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Peer connections allowed to be in their handshake (before a checked hello, or a whole
+/// join query) at once; more are closed at accept. A member receives one message connection
+/// per peer, a snapshot stream now and then and join queries while a member is added: a
+/// handful at once even in a cluster of seven (etcd's recommended largest), so 128 leaves room
+/// for every peer reconnecting together many times over, while a flood holds at most 128
+/// tasks and descriptors for [`HELLO_TIMEOUT`] each. etcd has no such cap: the process's
+/// descriptor limit is its only bound.
+pub const UNAUTHENTICATED_PEERS_MAX: usize = 128;
 
 const HELLO_MAGIC: &[u8; 8] = b"skryraf1";
 /// Hello of a connection that carries one snapshot.
@@ -441,10 +465,9 @@ async fn connect(addr: SocketAddr, tls: &Option<PeerTls>) -> Result<Box<dyn Peer
         Some(tls) => {
             // The peer's certificate must be valid for the IP its peer URL names.
             let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
-            let stream = tls
-                .connector
-                .connect(name, stream)
+            let stream = tokio::time::timeout(HELLO_TIMEOUT, tls.connector.connect(name, stream))
                 .await
+                .map_err(|_| format!("TLS handshake: no answer within {HELLO_TIMEOUT:?}"))?
                 .map_err(|e| format!("TLS handshake: {e}"))?;
             Ok(Box::new(stream))
         }
@@ -796,53 +819,79 @@ fn encode_outbound(out: Outbound, buf: &mut BytesMut) {
 async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
     // Owned here so that stopping this task stops every connection it accepted.
     let mut connections = tokio::task::JoinSet::new();
+    let mut backoff = AcceptBackoff::new("peer");
+    let gate = HandshakeGate::new("peer", UNAUTHENTICATED_PEERS_MAX);
     loop {
         while connections.try_join_next().is_some() {}
-        let (stream, remote) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                warn!(error = %e, "peer accept failed");
-                tokio::time::sleep(RECONNECT_BACKOFF_MIN).await;
-                continue;
-            }
-        };
+        let (stream, remote) = backoff.accept(|| listener.accept()).await;
+        // Over the cap the stream is dropped here: closed at once.
+        let Some(slot) = gate.admit() else { continue };
         let _ = stream.set_nodelay(true);
         let inner = inner.clone();
         connections.spawn(async move {
-            let mut stream: Box<dyn PeerIo> = match &inner.tls {
-                None => Box::new(stream),
-                Some(tls) => match tls.acceptor.accept(stream).await {
-                    Ok(stream) => Box::new(stream),
-                    Err(e) => {
-                        warn!(%remote, error = %e, "refused a peer: TLS handshake failed");
-                        return;
-                    }
-                },
-            };
-            let mut hello_buf = [0u8; HELLO_BYTES];
-            if stream.read_exact(&mut hello_buf).await.is_err() {
-                return;
-            }
-            let result = match &hello_buf[..8] {
-                m if m == HELLO_MAGIC => {
-                    let mut from = None;
-                    let result = receive(stream, &hello_buf, &inner, &mut from).await;
-                    if let Some(peer) = from {
-                        (inner.inbound)(Received::PeerDown(peer));
-                    }
-                    result
-                }
-                m if m == HELLO_SNAPSHOT_MAGIC => {
-                    receive_snapshot(stream, &hello_buf, &inner).await
-                }
-                m if m == HELLO_JOIN_MAGIC => answer_join(stream, &inner).await,
-                _ => Err("not a skerry peer".into()),
-            };
-            if let Err(why) = result {
+            if let Err(why) = serve_connection(stream, remote, slot, &inner).await {
                 debug!(%remote, why, "peer connection closed");
             }
         });
     }
+}
+
+/// One accepted connection: the handshake and hello within [`HELLO_TIMEOUT`] while `slot`
+/// counts it against [`UNAUTHENTICATED_PEERS_MAX`], then what its hello announced.
+async fn serve_connection(
+    stream: TcpStream,
+    remote: SocketAddr,
+    slot: HandshakeSlot,
+    inner: &Inner,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
+    let (stream, hello_buf) = tokio::time::timeout_at(deadline, greet(stream, remote, inner))
+        .await
+        .map_err(|_| format!("no hello within {HELLO_TIMEOUT:?}"))??;
+    match &hello_buf[..8] {
+        m if m == HELLO_MAGIC => {
+            let peer = check_hello(&hello_buf, inner)?;
+            drop(slot);
+            let result = receive(stream, peer, inner).await;
+            (inner.inbound)(Received::PeerDown(peer));
+            result
+        }
+        m if m == HELLO_SNAPSHOT_MAGIC => {
+            let peer = check_hello(&hello_buf, inner)?;
+            drop(slot);
+            receive_snapshot(stream, peer, inner).await
+        }
+        // Anyone may ask (the asker has no member id yet), so the query keeps its slot and
+        // the whole exchange has the hello's deadline.
+        m if m == HELLO_JOIN_MAGIC => tokio::time::timeout_at(deadline, answer_join(stream, inner))
+            .await
+            .map_err(|_| format!("join query not finished within {HELLO_TIMEOUT:?}"))?,
+        _ => Err("not a skerry peer".into()),
+    }
+}
+
+/// The TLS handshake (when the cluster uses TLS) and the hello of an accepted connection.
+async fn greet(
+    stream: TcpStream,
+    remote: SocketAddr,
+    inner: &Inner,
+) -> Result<(Box<dyn PeerIo>, [u8; HELLO_BYTES]), String> {
+    let mut stream: Box<dyn PeerIo> = match &inner.tls {
+        None => Box::new(stream),
+        Some(tls) => match tls.acceptor.accept(stream).await {
+            Ok(stream) => Box::new(stream),
+            Err(e) => {
+                warn!(%remote, error = %e, "refused a peer: TLS handshake failed");
+                return Err(format!("TLS handshake: {e}"));
+            }
+        },
+    };
+    let mut hello_buf = [0u8; HELLO_BYTES];
+    stream
+        .read_exact(&mut hello_buf)
+        .await
+        .map_err(|e| format!("reading the hello: {e}"))?;
+    Ok((stream, hello_buf))
 }
 
 /// Checks a hello's cluster and receiver; returns the sender's id.
@@ -857,15 +906,8 @@ fn check_hello(hello_buf: &[u8; HELLO_BYTES], inner: &Inner) -> Result<u64, Stri
     Ok(u64::from_le_bytes(word))
 }
 
-/// Reads one peer connection until it closes; `from` learns the peer's id from its hello.
-async fn receive(
-    stream: Box<dyn PeerIo>,
-    hello_buf: &[u8; HELLO_BYTES],
-    inner: &Inner,
-    from: &mut Option<u64>,
-) -> Result<(), String> {
-    let peer = check_hello(hello_buf, inner)?;
-    *from = Some(peer);
+/// Reads the message connection of `peer` (its hello checked) until it closes.
+async fn receive(stream: Box<dyn PeerIo>, peer: u64, inner: &Inner) -> Result<(), String> {
     let mut stream = tokio::io::BufReader::with_capacity(RECEIVE_BUFFER_BYTES, stream);
     let inbound = &inner.inbound;
     let mut len_buf = [0u8; 4];
@@ -945,10 +987,9 @@ async fn receive(
 /// file, which must be complete and match its digest before the message reaches the node.
 async fn receive_snapshot(
     mut stream: Box<dyn PeerIo>,
-    hello_buf: &[u8; HELLO_BYTES],
+    peer: u64,
     inner: &Inner,
 ) -> Result<(), String> {
-    let peer = check_hello(hello_buf, inner)?;
     if inner.cut.read().contains(&peer) {
         return Err("cut off".into());
     }
@@ -1055,8 +1096,229 @@ async fn answer_join(mut stream: Box<dyn PeerIo>, inner: &Inner) -> Result<(), S
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a test panics to fail")]
 mod tests {
     use super::*;
+    use std::path::Path;
+    use std::time::Instant;
+
+    /// Slack on the far side of a deadline: a loaded 2-core machine runs the timer late.
+    const MARGIN: Duration = Duration::from_secs(3);
+    /// A connection refused over the cap is closed at accept: far sooner than any deadline.
+    const AT_ONCE: Duration = Duration::from_secs(1);
+
+    fn free_addr() -> SocketAddr {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+    }
+
+    /// A transport for member `id` of cluster 1 whose received raft messages go to `tx`.
+    async fn start(
+        id: u64,
+        listen: SocketAddr,
+        peers: Vec<(u64, SocketAddr)>,
+        tx: Option<mpsc::UnboundedSender<Message>>,
+        tls: Option<PeerTls>,
+        dir: &Path,
+    ) -> Transport {
+        let inbound: Inbound = Arc::new(move |received| {
+            if let (Received::Message(m), Some(tx)) = (received, &tx) {
+                let _ = tx.send(m);
+            }
+            true
+        });
+        let snapshots = SnapshotSetup {
+            dir: dir.join(format!("snap-{id}")),
+            outgoing: Default::default(),
+            directory: Arc::new(|_| None),
+        };
+        Transport::start(1, id, listen, peers, inbound, tls, snapshots)
+            .await
+            .unwrap()
+    }
+
+    /// How long until the other side closes `stream` (EOF, or an error such as a reset),
+    /// counted from `opened`; `None` if it is still open after `limit`.
+    async fn closed_after(
+        stream: &mut (impl AsyncRead + Unpin),
+        opened: Instant,
+        limit: Duration,
+    ) -> Option<Duration> {
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout_at((opened + limit).into(), stream.read(&mut byte)).await {
+            Ok(Ok(0) | Err(_)) => Some(opened.elapsed()),
+            Ok(Ok(_)) => panic!("the transport sent bytes to a connection that said nothing"),
+            Err(_) => None,
+        }
+    }
+
+    fn assert_closed_at_the_deadline(closed: Option<Duration>, what: &str) {
+        let closed =
+            closed.unwrap_or_else(|| panic!("{what}: still open {:?} after the deadline", MARGIN));
+        assert!(
+            closed >= HELLO_TIMEOUT - Duration::from_millis(100),
+            "{what}: closed after {closed:?}, before the hello deadline"
+        );
+    }
+
+    fn heartbeat(from: u64, to: u64, commit: u64) -> Message {
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgHeartbeat);
+        m.from = from;
+        m.to = to;
+        m.commit = commit;
+        m
+    }
+
+    /// Connections that never finish their hello are closed at [`HELLO_TIMEOUT`]: one that
+    /// sends nothing, one that sends half a hello, and a join query that never sends the URL
+    /// it asks about.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_without_a_complete_hello_is_closed_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let addr = free_addr();
+        let transport = start(1, addr, vec![], None, None, dir.path()).await;
+        let opened = Instant::now();
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let mut half = TcpStream::connect(addr).await.unwrap();
+        half.write_all(&hello(1, 2, 1)[..HELLO_BYTES / 2])
+            .await
+            .unwrap();
+        let mut join = TcpStream::connect(addr).await.unwrap();
+        join.write_all(&hello_with(HELLO_JOIN_MAGIC, 0, 0, 0))
+            .await
+            .unwrap();
+        let limit = HELLO_TIMEOUT + MARGIN;
+        let (silent, half, join) = tokio::join!(
+            closed_after(&mut silent, opened, limit),
+            closed_after(&mut half, opened, limit),
+            closed_after(&mut join, opened, limit),
+        );
+        assert_closed_at_the_deadline(silent, "a silent connection");
+        assert_closed_at_the_deadline(half, "half a hello");
+        assert_closed_at_the_deadline(join, "a join query without its URL");
+        transport.shutdown();
+    }
+
+    /// With [`UNAUTHENTICATED_PEERS_MAX`] idle connections in their handshake, the next is
+    /// closed at once, while a peer that said hello before keeps delivering messages; the
+    /// idle ones go at the deadline and new connections are admitted again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn over_the_cap_connections_are_closed_at_once_while_a_peer_keeps_talking() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a_addr, b_addr) = (free_addr(), free_addr());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let a = start(1, a_addr, vec![], Some(tx), None, dir.path()).await;
+        let b = start(2, b_addr, vec![(1, a_addr)], None, None, dir.path()).await;
+        let mut receive = async |commit: u64| {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            loop {
+                let m = tokio::time::timeout_at(deadline, rx.recv())
+                    .await
+                    .expect("the peer's heartbeat did not arrive")
+                    .unwrap();
+                if m.commit == commit {
+                    return;
+                }
+            }
+        };
+        assert!(b.send(vec![heartbeat(2, 1, 1)]).is_empty());
+        receive(1).await;
+
+        let opened = Instant::now();
+        let mut idle = Vec::new();
+        for _ in 0..UNAUTHENTICATED_PEERS_MAX {
+            idle.push(TcpStream::connect(a_addr).await.unwrap());
+        }
+        let mut over = TcpStream::connect(a_addr).await.unwrap();
+        let refused_after = closed_after(&mut over, opened, AT_ONCE).await;
+        assert!(
+            refused_after.is_some(),
+            "a connection over the cap was not closed at once"
+        );
+        // The cap is full, yet the peer's established connection still delivers.
+        assert!(b.send(vec![heartbeat(2, 1, 2)]).is_empty());
+        receive(2).await;
+        assert!(opened.elapsed() < HELLO_TIMEOUT, "the test ran too slowly");
+
+        let mut waits = tokio::task::JoinSet::new();
+        for mut stream in idle {
+            waits.spawn(
+                async move { closed_after(&mut stream, opened, HELLO_TIMEOUT + MARGIN).await },
+            );
+        }
+        while let Some(closed) = waits.join_next().await {
+            assert_closed_at_the_deadline(closed.unwrap(), "an idle connection under the cap");
+        }
+        // Slots came back: a new connection is admitted (not closed at once).
+        let reopened = Instant::now();
+        let mut fresh = TcpStream::connect(a_addr).await.unwrap();
+        assert_eq!(closed_after(&mut fresh, reopened, AT_ONCE).await, None);
+        a.shutdown();
+        b.shutdown();
+    }
+
+    /// Writes a CA and a certificate it signs for 127.0.0.1 (server and client use) under
+    /// `dir`; returns the member's TLS.
+    fn peer_tls(dir: &Path) -> PeerTls {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        let files = crate::tls::PeerTlsFiles {
+            cert: dir.join("member.crt"),
+            key: dir.join("member.key"),
+            trusted_ca: dir.join("ca.crt"),
+        };
+        std::fs::write(&files.cert, cert.pem()).unwrap();
+        std::fs::write(&files.key, key.serialize_pem()).unwrap();
+        std::fs::write(&files.trusted_ca, ca_cert.pem()).unwrap();
+        PeerTls::load(&files).unwrap()
+    }
+
+    /// Over mutual TLS, a connection that sends no ClientHello and one that completes the
+    /// handshake (with a cluster certificate) but sends no hello are both closed at the
+    /// deadline; and our own dial gives up on a peer that accepts TCP but never answers TLS.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn over_tls_silence_before_or_after_the_handshake_is_closed_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = peer_tls(dir.path());
+        let addr = free_addr();
+        let transport = start(1, addr, vec![], None, Some(tls.clone()), dir.path()).await;
+        let opened = Instant::now();
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
+        let mut handshaken = tls.connector.connect(name, tcp).await.unwrap();
+        // A listener whose backlog completes TCP connects but which never answers TLS.
+        let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mute_addr = mute.local_addr().unwrap();
+        let limit = HELLO_TIMEOUT + MARGIN;
+        let dial_tls = Some(tls.clone());
+        let (silent, handshaken, dial) = tokio::join!(
+            closed_after(&mut silent, opened, limit),
+            closed_after(&mut handshaken, opened, limit),
+            tokio::time::timeout(limit, connect(mute_addr, &dial_tls)),
+        );
+        assert_closed_at_the_deadline(silent, "no ClientHello");
+        assert_closed_at_the_deadline(handshaken, "TLS done, no hello");
+        match dial {
+            Ok(Err(e)) => assert!(e.contains("no answer"), "{e}"),
+            Ok(Ok(_)) => panic!("a TLS handshake with a mute listener succeeded"),
+            Err(_) => panic!("dialling a mute listener was not bounded"),
+        }
+        drop(mute);
+        transport.shutdown();
+    }
 
     #[test]
     fn membership_frames_and_join_answers_round_trip() {
