@@ -14,7 +14,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
 };
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use skerry_apiserver::auth::x509;
 use skerry_apiserver::server::{ConnLimits, serve_with_limits};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -80,7 +80,7 @@ async fn fixture() -> Fixture {
     ));
 
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from(ca_der)).expect("root");
+    roots.add(ca_der).expect("root");
     let client = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
