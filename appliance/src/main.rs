@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+mod fdlimit;
 mod kube;
 mod kubeconfig;
 mod pki;
@@ -323,6 +324,13 @@ fn server(args: ServerArgs) -> Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    match fdlimit::raise_open_file_limit() {
+        Ok(fdlimit::Raised::From(soft, hard)) => {
+            info!(from = soft, to = hard, "raised the open-file limit")
+        }
+        Ok(fdlimit::Raised::Already) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
 
     let addrs = args
         .listen_client_urls

@@ -162,6 +162,12 @@ pub struct Member {
     pub _child: KilledOnDrop,
     pub kubeconfig: PathBuf,
     pub log: PathBuf,
+    /// Its etcd client port (`http://127.0.0.1:PORT`).
+    pub client_port: u16,
+    /// Its Raft peer port.
+    pub peer_port: u16,
+    /// Its Kubernetes API port (HTTPS).
+    pub api_port: u16,
 }
 
 pub fn kubectl_as(kubeconfig: &Path, home: &Path, args: &[&str]) -> Output {
@@ -222,6 +228,7 @@ impl Cluster {
             let data = root.path().join(names[i]);
             let log = root.path().join(format!("{}.log", names[i]));
             let peer = format!("http://127.0.0.1:{}", peer_ports[i]);
+            let (client_port, api_port) = (free_port(), free_port());
             let child = Command::new(env!("CARGO_BIN_EXE_skerry"))
                 .args([
                     "server",
@@ -230,7 +237,7 @@ impl Cluster {
                     "--data-dir",
                     &data.display().to_string(),
                     "--listen-client-urls",
-                    &format!("http://127.0.0.1:{}", free_port()),
+                    &format!("http://127.0.0.1:{client_port}"),
                     "--initial-cluster",
                     &initial,
                     "--listen-peer-urls",
@@ -240,7 +247,7 @@ impl Cluster {
                     "--bind-address",
                     "127.0.0.1",
                     "--secure-port",
-                    &free_port().to_string(),
+                    &api_port.to_string(),
                     // One CA for the cluster: every member reads the same PKI directory.
                     "--pki-dir",
                     &pki.display().to_string(),
@@ -254,6 +261,9 @@ impl Cluster {
                 _child: KilledOnDrop(child),
                 kubeconfig: data.join("admin.kubeconfig"),
                 log,
+                client_port,
+                peer_port: peer_ports[i],
+                api_port,
             }
         };
         // The first member creates the PKI; the others start once it exists, so they read it
