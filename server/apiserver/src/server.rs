@@ -38,9 +38,9 @@ pub const MUTATING_REQUESTS_INFLIGHT_MAX: usize = 200;
 /// A client that has not finished its TLS handshake by then is dropped, so half-open
 /// connections cannot pile up. Go's server would allow the shortest of its read timeouts,
 /// kube-apiserver's 32 s `ReadHeaderTimeout` (`net/http` `(*Server).tlsHandshakeTimeout`);
-/// 10 s is what Go's clients themselves wait (`http.DefaultTransport`, and client-go's
-/// transport, `TLSHandshakeTimeout`), so no Kubernetes client gives up later than we do, and
-/// an idle connection holds its slot a third as long.
+/// 10 s is what Go's clients themselves wait (`TLSHandshakeTimeout` of `http.DefaultTransport`
+/// and of client-go's `transport/cache.go`), so no Kubernetes client gives up later than we
+/// do, and an idle connection holds its slot a third as long.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time for a request's headers: the first request's from the end of the TLS handshake, each
 /// later HTTP/1.1 request's from the end of the previous response (hyper's
