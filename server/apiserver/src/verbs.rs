@@ -915,16 +915,22 @@ async fn patch(
     let validation = FieldValidation::parse(req.param("fieldValidation"))?;
     let format = req.format()?;
     let is_apply = patch_type == skerry_api::patch::PatchType::Apply;
-    let force = match req.param("force") {
-        None | Some("") | Some("false") => false,
-        Some("true") => true,
-        Some(other) => return Err(ApiError::bad_request(format!("invalid force: {other:?}"))),
-    };
-    if force && !is_apply {
-        return Err(ApiError::bad_request(
-            "force: Forbidden: may not be specified for non-apply patch",
+    // Kubernetes' `ValidatePatchOptions`: `force` in any form, `force=false` too, is refused
+    // on a patch that is not an apply.
+    let force = req.bool_param("force");
+    if force.is_some() && !is_apply {
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "PatchOptions",
+            "",
+            vec![skerry_api::Cause::new(
+                "FieldValueForbidden",
+                "force",
+                "Forbidden: may not be specified for non-apply patch",
+            )],
         ));
     }
+    let force = force.unwrap_or(false);
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -1155,8 +1161,8 @@ fn delete_options(req: &Request) -> Result<Value, ApiError> {
             .map_err(|_| ApiError::bad_request(format!("invalid gracePeriodSeconds: {g:?}")))?;
         options["gracePeriodSeconds"] = json!(g);
     }
-    if let Some(o) = req.param("orphanDependents") {
-        options["orphanDependents"] = json!(o == "true");
+    if let Some(orphan) = req.bool_param("orphanDependents") {
+        options["orphanDependents"] = json!(orphan);
     }
     Ok(options)
 }
