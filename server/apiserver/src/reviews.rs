@@ -87,8 +87,11 @@ pub async fn create(
         }
         review["status"] = Value::Object(status);
     }
-    // A Go zero time, as Kubernetes prints the metadata of an object it did not store.
-    review["metadata"]["creationTimestamp"] = Value::Null;
+    // A Go zero time, as Kubernetes prints the metadata of an object it did not store (a
+    // TokenReview's own timestamp, which nothing checks, comes back as sent).
+    if review["metadata"].get("creationTimestamp").is_none() {
+        review["metadata"]["creationTimestamp"] = Value::Null;
+    }
     Ok(object_response(
         resource,
         201,
