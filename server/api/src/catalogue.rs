@@ -442,6 +442,34 @@ pub static RESOURCES: &[ResourceInfo] = &[
         &[],
         "io.k8s.api.rbac.v1.ClusterRoleBinding"
     ),
+    // The reviews: create-only, answered and never stored (no `list`, so no watch cache).
+    // Within each group in Kubernetes' discovery order (alphabetical).
+    resource!(
+        "authentication.k8s.io",
+        "v1",
+        "tokenreviews",
+        "tokenreview",
+        "TokenReview",
+        false,
+        &[],
+        &[],
+        &["create"],
+        &[],
+        "io.k8s.api.authentication.v1.TokenReview"
+    ),
+    resource!(
+        "authorization.k8s.io",
+        "v1",
+        "localsubjectaccessreviews",
+        "localsubjectaccessreview",
+        "LocalSubjectAccessReview",
+        true,
+        &[],
+        &[],
+        &["create"],
+        &[],
+        "io.k8s.api.authorization.v1.LocalSubjectAccessReview"
+    ),
     resource!(
         "authorization.k8s.io",
         "v1",
@@ -454,6 +482,19 @@ pub static RESOURCES: &[ResourceInfo] = &[
         &["create"],
         &[],
         "io.k8s.api.authorization.v1.SelfSubjectAccessReview"
+    ),
+    resource!(
+        "authorization.k8s.io",
+        "v1",
+        "subjectaccessreviews",
+        "subjectaccessreview",
+        "SubjectAccessReview",
+        false,
+        &[],
+        &[],
+        &["create"],
+        &[],
+        "io.k8s.api.authorization.v1.SubjectAccessReview"
     ),
 ];
 

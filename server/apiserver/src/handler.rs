@@ -44,6 +44,12 @@ impl Request {
         self.query.get(name).map(String::as_str)
     }
 
+    /// A boolean query parameter, read as Kubernetes' parameter codec reads it (see
+    /// [`crate::request::query_bool`]): `None` when absent, never an error.
+    pub fn bool_param(&self, name: &str) -> Option<bool> {
+        crate::request::query_bool(&self.query, name)
+    }
+
     pub fn content_type(&self) -> &str {
         self.headers
             .get(header::CONTENT_TYPE)
@@ -186,10 +192,26 @@ impl ApiServer {
         );
         let verb = info.verb.clone();
         let resource_label = info.resource.clone();
-        let response = self
+        // Watch frames and the OpenAPI documents are never indented (Kubernetes streams the
+        // former with its non-pretty stream serializer and serves the latter from kube-openapi);
+        // `/version` always is (`responsewriters.WriteRawJSON`).
+        let pretty = path == "/version"
+            || (verb != "watch"
+                && !path.starts_with("/openapi/")
+                && response::wants_pretty(
+                    query.get("pretty").map(String::as_str),
+                    parts
+                        .headers
+                        .get(header::USER_AGENT)
+                        .and_then(|v| v.to_str().ok()),
+                ));
+        let mut response = self
             .respond(parts, body, path, query, info, peer_certs)
             .instrument(span)
             .await;
+        if pretty {
+            response = response::prettify(response).await;
+        }
         self.metrics.observe_request(
             &verb,
             &resource_label,

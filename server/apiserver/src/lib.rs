@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`server`]: TLS + hyper (HTTP/1.1 and HTTP/2), in-flight limits.
 //! - [`handler`]: authenticate ([`auth`]), authorize (RBAC over [`rbac_cache`]), route.
+//! - [`reviews`]: the access reviews and TokenReview, answered and never stored.
 //! - [`verbs`], [`subresources`], [`watch`]: the generic registry over [`storage`] (the
 //!   store side: paged LIST with the doubling page size, CAS writes) and the per-resource
 //!   [`watch_cache`] (serialize-once fan-out, bookmark buckets, the 3-second wait, WatchList).
@@ -28,6 +29,7 @@ pub mod openapi;
 pub mod rbac_cache;
 pub mod request;
 pub mod response;
+pub mod reviews;
 pub mod server;
 pub mod startup;
 pub mod storage;

@@ -1,6 +1,13 @@
 //! What a request asks for, read from its method, path and query the way Kubernetes'
 //! `RequestInfoFactory` reads them: API group and version, namespace, resource, name,
 //! subresource and verb. Authorization, routing and metrics all use this one reading.
+//!
+//! It also holds the one reading of boolean query parameters ([`query_bool`]): Kubernetes
+//! decodes `watch`, `allowWatchBookmarks`, `sendInitialEvents`, `force`, `orphanDependents`
+//! and every other boolean option through its parameter codec, which never refuses a value —
+//! only `0` and `false` (in any case) are false, so Python's `watch=True` and even `watch=yes`
+//! or a bare `watch` are watches. The one exception, `pretty`, is Go's `strconv.ParseBool`
+//! ([`parse_go_bool`]).
 
 use std::collections::HashMap;
 
@@ -89,15 +96,17 @@ impl RequestInfo {
         if resource == "namespaces" {
             namespace = None;
         }
-        let watch_param = query.get("watch").is_some_and(|v| v == "true" || v == "1");
         if verb == "get" && name.is_none() {
+            let watch_param = query_bool(query, "watch").unwrap_or(false);
             verb = if legacy_watch || watch_param {
                 "watch".into()
             } else {
                 "list".into()
             };
-        } else if verb == "get" && (legacy_watch || watch_param) {
-            // `GET /api/v1/watch/namespaces/ns/pods/name`: a watch of one object.
+        } else if verb == "get" && legacy_watch {
+            // `GET /api/v1/watch/namespaces/ns/pods/name`: a watch of one object. A named GET
+            // with `?watch=true` stays a GET, as in Kubernetes (only a collection reads the
+            // parameter).
             verb = "watch".into();
         }
         if verb == "delete" && name.is_none() {
@@ -114,6 +123,45 @@ impl RequestInfo {
             name,
             path: path.to_string(),
         }
+    }
+}
+
+/// A boolean query parameter as Kubernetes' parameter codec reads it
+/// (apimachinery `runtime.Convert_Slice_string_To_bool` and `Convert_Slice_string_To_Pointer_bool`,
+/// which every `ListOptions`, `PatchOptions` and `DeleteOptions` boolean goes through): absent
+/// is `None`; `0`, or `false` in any case (Go's `strings.EqualFold`), is false; anything else,
+/// the empty value of `?watch` or `?watch=` included, is true. No value is an error.
+pub fn query_bool(query: &HashMap<String, String>, name: &str) -> Option<bool> {
+    query.get(name).map(|value| parse_query_bool(value))
+}
+
+/// One present value of a boolean query parameter (see [`query_bool`]).
+pub fn parse_query_bool(value: &str) -> bool {
+    !(value == "0" || equal_fold_false(value))
+}
+
+/// Whether `value` is `false` under Go's `strings.EqualFold` (simple Unicode case folding):
+/// ASCII letters in either case, and for the `s` also U+017F LATIN SMALL LETTER LONG S, which
+/// folds to it.
+fn equal_fold_false(value: &str) -> bool {
+    let mut chars = value.chars();
+    for want in ['f', 'a', 'l', 's', 'e'] {
+        match chars.next() {
+            Some(c) if c.to_ascii_lowercase() == want => {}
+            Some('\u{17F}') if want == 's' => {}
+            _ => return false,
+        }
+    }
+    chars.next().is_none()
+}
+
+/// Go's `strconv.ParseBool`: `1 t T TRUE true True` and `0 f F FALSE false False`, anything
+/// else `None`. Kubernetes reads only `pretty` this way (`negotiation.isPrettyPrint`).
+pub fn parse_go_bool(value: &str) -> Option<bool> {
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
     }
 }
 
@@ -170,6 +218,84 @@ mod tests {
         let i = info(Method::DELETE, "/api/v1/namespaces/ns/configmaps", "");
         assert_eq!(i.verb, "deletecollection");
         let i = info(Method::GET, "/api/v1/watch/namespaces/ns/pods", "");
+        assert_eq!(i.verb, "watch");
+    }
+
+    #[test]
+    fn boolean_parameters_read_as_kubernetes_parameter_codec_reads_them() {
+        // strconv.ParseBool's spellings, then what the codec accepts beyond them: only `0`
+        // and a case-folded `false` are false.
+        let table = [
+            ("1", true),
+            ("t", true),
+            ("T", true),
+            ("TRUE", true),
+            ("true", true),
+            ("True", true),
+            ("0", false),
+            ("f", true),
+            ("F", true),
+            ("FALSE", false),
+            ("false", false),
+            ("False", false),
+            ("fAlSe", false),
+            ("fal\u{17F}e", false),
+            ("yes", true),
+            ("no", true),
+            ("", true),
+            ("00", true),
+            (" false", true),
+            ("falsey", true),
+        ];
+        for (value, want) in table {
+            assert_eq!(parse_query_bool(value), want, "{value:?}");
+        }
+        let query = parse_query(Some("watch=True&force&sendInitialEvents=0"));
+        assert_eq!(query_bool(&query, "watch"), Some(true));
+        assert_eq!(
+            query_bool(&query, "force"),
+            Some(true),
+            "a bare key is true"
+        );
+        assert_eq!(query_bool(&query, "sendInitialEvents"), Some(false));
+        assert_eq!(query_bool(&query, "allowWatchBookmarks"), None);
+    }
+
+    #[test]
+    fn pretty_reads_as_go_parse_bool() {
+        for value in ["1", "t", "T", "TRUE", "true", "True"] {
+            assert_eq!(parse_go_bool(value), Some(true), "{value}");
+        }
+        for value in ["0", "f", "F", "FALSE", "false", "False"] {
+            assert_eq!(parse_go_bool(value), Some(false), "{value}");
+        }
+        for value in ["", "yes", "tRUE", "fAlse", "2"] {
+            assert_eq!(parse_go_bool(value), None, "{value}");
+        }
+    }
+
+    #[test]
+    fn every_watch_spelling_kubernetes_accepts_makes_a_watch() {
+        for query in [
+            "watch=true",
+            "watch=True",
+            "watch=t",
+            "watch=1",
+            "watch=yes",
+            "watch=",
+            "watch",
+        ] {
+            let i = info(Method::GET, "/api/v1/namespaces/ns/pods", query);
+            assert_eq!(i.verb, "watch", "{query}");
+        }
+        for query in ["watch=false", "watch=False", "watch=FALSE", "watch=0", ""] {
+            let i = info(Method::GET, "/api/v1/namespaces/ns/pods", query);
+            assert_eq!(i.verb, "list", "{query}");
+        }
+        // Only a collection reads `watch`: a named GET stays a GET; the legacy path watches.
+        let i = info(Method::GET, "/api/v1/namespaces/ns/pods/p", "watch=true");
+        assert_eq!(i.verb, "get");
+        let i = info(Method::GET, "/api/v1/watch/namespaces/ns/pods/p", "");
         assert_eq!(i.verb, "watch");
     }
 

@@ -100,6 +100,43 @@ pub fn negotiate(accept: Option<&str>, include: IncludeObject) -> Result<Format,
     )))
 }
 
+/// User agents Kubernetes pretty-prints JSON for unasked (`negotiation.isPrettyPrint`: "basic
+/// all browsers and cli http tools"), by prefix.
+const PRETTY_USER_AGENT_PREFIXES: [&str; 3] = ["curl", "Wget", "Mozilla/5.0"];
+
+/// Whether a JSON answer is indented, as Kubernetes' `negotiation.isPrettyPrint` decides: a
+/// non-empty `pretty` query parameter is read with Go's `strconv.ParseBool` (an unreadable
+/// one is `false`, never an error); without one, curl, wget and browsers get it indented.
+pub fn wants_pretty(pretty: Option<&str>, user_agent: Option<&str>) -> bool {
+    if let Some(value) = pretty.filter(|p| !p.is_empty()) {
+        return crate::request::parse_go_bool(value).unwrap_or(false);
+    }
+    user_agent.is_some_and(|ua| PRETTY_USER_AGENT_PREFIXES.iter().any(|p| ua.starts_with(p)))
+}
+
+/// Re-encodes a whole JSON answer indented by two spaces, as Go's `json.MarshalIndent(obj, "",
+/// "  ")` writes Kubernetes' pretty serializer output. Other answers pass unchanged; callers
+/// never pass a watch stream (its frames are not pretty in Kubernetes either).
+pub async fn prettify(response: Response<Body>) -> Response<Body> {
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with(JSON));
+    if !is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let bytes = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(never) => match never {},
+    };
+    let pretty = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|value| serde_json::to_vec_pretty(&value).ok());
+    Response::from_parts(parts, full(pretty.map(Bytes::from).unwrap_or(bytes)))
+}
+
 pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).boxed_unsync()
 }
@@ -164,6 +201,40 @@ pub fn error(e: &ApiError) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pretty_is_asked_for_or_implied_by_the_client() {
+        assert!(wants_pretty(Some("true"), None));
+        assert!(wants_pretty(Some("1"), Some("kubectl/v1.32.0")));
+        assert!(!wants_pretty(Some("false"), Some("curl/8.5.0")));
+        // Unreadable: false, not an error, and the user agent is not consulted.
+        assert!(!wants_pretty(Some("yes"), Some("curl/8.5.0")));
+        // Empty or absent: the user agent decides.
+        assert!(wants_pretty(Some(""), Some("curl/8.5.0")));
+        assert!(wants_pretty(None, Some("Wget/1.21")));
+        assert!(wants_pretty(None, Some("Mozilla/5.0 (X11)")));
+        assert!(!wants_pretty(None, Some("kubectl/v1.32.0 (linux/amd64)")));
+        assert!(!wants_pretty(None, None));
+    }
+
+    #[tokio::test]
+    async fn prettify_indents_json_as_go_marshal_indent_does() {
+        let response = json(200, &serde_json::json!({"a": [1, {"b": {}}], "c": []}), &[]);
+        let pretty = prettify(response).await;
+        let body = pretty.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(
+            std::str::from_utf8(&body).expect("utf-8"),
+            "{\n  \"a\": [\n    1,\n    {\n      \"b\": {}\n    }\n  ],\n  \"c\": []\n}"
+        );
+        let text = bytes(200, "text/plain; charset=utf-8", "ok", &[]);
+        let same = prettify(text)
+            .await
+            .into_body()
+            .collect()
+            .await
+            .expect("body");
+        assert_eq!(same.to_bytes(), "ok");
+    }
 
     #[test]
     fn kubectl_accept_headers_negotiate() {

@@ -1,7 +1,7 @@
 //! Subresources with their own shapes: `scale` (autoscaling/v1 Scale over a workload's
 //! replicas), `pods/binding` (the scheduler's write), `pods/eviction` (a deletion that
 //! honours PodDisruptionBudgets: `kubectl drain`), `serviceaccounts/token`
-//! (`kubectl create token`) and SelfSubjectAccessReview (`kubectl auth can-i`).
+//! (`kubectl create token`).
 //!
 //! Eviction invariant: a pod covered by a budget is deleted only after that budget's
 //! `status.disruptionsAllowed` was decremented by a compare-and-swap on the PDB's
@@ -10,7 +10,6 @@
 //! (which recomputes the budget from the pods it sees) does not count the pod as healthy
 //! while its deletion is on the way.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::Response;
@@ -18,7 +17,6 @@ use serde_json::{Value, json};
 use skerry_api::strict::FieldValidation;
 use skerry_api::{ApiError, ResourceInfo, meta};
 
-use crate::auth::rbac::{self, Attributes};
 use crate::auth::serviceaccount::{EXPIRATION_DEFAULT, EXPIRATION_MIN, TokenRequest};
 use crate::handler::{ApiServer, Request};
 use crate::response::{self, Body};
@@ -1057,60 +1055,6 @@ pub async fn token(
         "spec": {"audiences": audiences, "expirationSeconds": expiration.as_secs(), "boundObjectRef": null},
         "status": {"token": token, "expirationTimestamp": expires},
     });
-    Ok(response::json(201, &answer, &[]))
-}
-
-/// `POST selfsubjectaccessreviews`: may the requesting user do this?
-pub fn self_subject_access_review(
-    server: &Arc<ApiServer>,
-    req: &Request,
-) -> Result<Response<Body>, ApiError> {
-    let resource =
-        skerry_api::catalogue::lookup("authorization.k8s.io", "v1", "selfsubjectaccessreviews")
-            .expect("selfsubjectaccessreviews are served");
-    let review = if req.content_type().starts_with(response::PROTOBUF) {
-        let (_, value) = skerry_api::protobuf::decode(&req.body)
-            .map_err(|e| ApiError::bad_request(format!("error decoding protobuf body: {e}")))?;
-        skerry_api::kinds::decode_value(resource, value, FieldValidation::Strict)?.object
-    } else {
-        skerry_api::kinds::decode_body(
-            resource,
-            &req.body,
-            FieldValidation::parse(req.param("fieldValidation"))?,
-        )?
-        .object
-    };
-    let user = req.user.clone();
-    let attributes = if let Some(r) = review.pointer("/spec/resourceAttributes") {
-        let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-        let mut a = Attributes::resource(
-            user,
-            &s("verb"),
-            &s("group"),
-            &s("resource"),
-            &s("namespace"),
-            &s("name"),
-        );
-        let sub = s("subresource");
-        if !sub.is_empty() {
-            a = a.with_subresource(&sub);
-        }
-        a
-    } else if let Some(n) = review.pointer("/spec/nonResourceAttributes") {
-        let s = |k: &str| n.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-        Attributes::non_resource(user, &s("verb"), &s("path"))
-    } else {
-        return Err(ApiError::invalid(
-            "authorization.k8s.io",
-            "SelfSubjectAccessReview",
-            "",
-            vec![skerry_api::Cause::required("spec.resourceAttributes")],
-        ));
-    };
-    let decision = rbac::authorize(&attributes, server.rbac.as_ref());
-    let mut answer = review;
-    answer["status"] = json!({"allowed": decision.allowed, "reason": decision.reason});
-    answer["metadata"]["creationTimestamp"] = Value::Null;
     Ok(response::json(201, &answer, &[]))
 }
 

@@ -1,6 +1,7 @@
 //! The verbs on resources: get, list, watch, create, update, patch, delete and
 //! deletecollection, and the subresources (status, scale, binding, token) — Kubernetes'
-//! generic registry, over the store ([`crate::storage`]) and the watch caches.
+//! generic registry, over the store ([`crate::storage`]) and the watch caches. The reviews,
+//! created but never stored, are [`crate::reviews`].
 //!
 //! A write is, in Kubernetes' order (`handlers/create.go`/`update.go`, then the registry's
 //! `BeforeCreate`/`BeforeUpdate`): decode strictly → fill server-owned metadata → default →
@@ -76,8 +77,8 @@ pub async fn serve(server: &Arc<ApiServer>, req: Request) -> Result<Response<Bod
         ("get", Some("scale")) => crate::subresources::get_scale(server, resource, &req).await,
         ("list", None) => list(server, resource, &req).await,
         ("watch", None) => crate::watch::serve(server, resource, &req).await,
-        ("create", None) if resource.resource == "selfsubjectaccessreviews" => {
-            crate::subresources::self_subject_access_review(server, &req)
+        ("create", None) if crate::reviews::is_review(resource) => {
+            crate::reviews::create(server, resource, &req).await
         }
         ("create", None) => create(server, resource, &req).await,
         ("create", Some("binding")) => crate::subresources::bind(server, resource, &req).await,
@@ -697,7 +698,7 @@ fn field_manager<'a>(req: &'a Request, fallback: &'a str) -> Result<&'a str, Api
 }
 
 /// The field manager of a write, for `managedFields`.
-fn field_manager_of<'a>(
+pub(crate) fn field_manager_of<'a>(
     resource: &'a ResourceInfo,
     req: &'a Request,
     fallback: &'a str,
@@ -915,16 +916,22 @@ async fn patch(
     let validation = FieldValidation::parse(req.param("fieldValidation"))?;
     let format = req.format()?;
     let is_apply = patch_type == skerry_api::patch::PatchType::Apply;
-    let force = match req.param("force") {
-        None | Some("") | Some("false") => false,
-        Some("true") => true,
-        Some(other) => return Err(ApiError::bad_request(format!("invalid force: {other:?}"))),
-    };
-    if force && !is_apply {
-        return Err(ApiError::bad_request(
-            "force: Forbidden: may not be specified for non-apply patch",
+    // Kubernetes' `ValidatePatchOptions`: `force` in any form, `force=false` too, is refused
+    // on a patch that is not an apply.
+    let force = req.bool_param("force");
+    if force.is_some() && !is_apply {
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "PatchOptions",
+            "",
+            vec![skerry_api::Cause::new(
+                "FieldValueForbidden",
+                "force",
+                "Forbidden: may not be specified for non-apply patch",
+            )],
         ));
     }
+    let force = force.unwrap_or(false);
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -1155,8 +1162,8 @@ fn delete_options(req: &Request) -> Result<Value, ApiError> {
             .map_err(|_| ApiError::bad_request(format!("invalid gracePeriodSeconds: {g:?}")))?;
         options["gracePeriodSeconds"] = json!(g);
     }
-    if let Some(o) = req.param("orphanDependents") {
-        options["orphanDependents"] = json!(o == "true");
+    if let Some(orphan) = req.bool_param("orphanDependents") {
+        options["orphanDependents"] = json!(orphan);
     }
     Ok(options)
 }

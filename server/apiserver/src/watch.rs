@@ -73,14 +73,6 @@ pub async fn serve(
                 ApiError::bad_request(format!("invalid resource version: {rv:?}"))
             })?),
         };
-    let bool_param = |name: &str| -> Result<Option<bool>, ApiError> {
-        match req.param(name) {
-            None | Some("") => Ok(None),
-            Some("true" | "1") => Ok(Some(true)),
-            Some("false" | "0") => Ok(Some(false)),
-            Some(other) => Err(ApiError::bad_request(format!("invalid {name}: {other:?}"))),
-        }
-    };
     let timeout = match req.param("timeoutSeconds") {
         Some(t) if !t.is_empty() => {
             let secs: u64 = t
@@ -103,8 +95,8 @@ pub async fn serve(
     }
     let opts = WatchOptions {
         resource_version,
-        send_initial_events: bool_param("sendInitialEvents")?,
-        allow_bookmarks: bool_param("allowWatchBookmarks")?.unwrap_or(false),
+        send_initial_events: req.bool_param("sendInitialEvents"),
+        allow_bookmarks: req.bool_param("allowWatchBookmarks").unwrap_or(false),
         timeout: Some(timeout),
         filter,
         namespace: req.info.namespace.clone(),

@@ -13,9 +13,11 @@
 //!
 //! Layout: [`names`] holds the string-format checks, [`quantity`] resource quantities,
 //! `meta` object metadata, `pod` pod specs and templates, and one file per API group
-//! (`policy`: PodDisruptionBudgets; [`scheduling`]: PriorityClasses and the built-in classes).
+//! (`policy`: PodDisruptionBudgets; [`scheduling`]: PriorityClasses and the built-in classes;
+//! `authorization`: the access reviews).
 
 mod apps;
+mod authorization;
 mod coordination;
 mod core;
 mod discovery;
@@ -40,11 +42,20 @@ pub fn validate_create(resource: &ResourceInfo, obj: &Value) -> Vec<Cause> {
         causes.push(invalid("", obj, "must be a JSON object"));
         return causes;
     }
-    if resource.kind != "SelfSubjectAccessReview" {
+    if !is_review(resource) {
         meta::validate_object_meta(resource, obj, &mut causes);
     }
     validate_kind(resource, obj, None, &mut causes);
     causes
+}
+
+/// Whether `resource` is one of the reviews: answered, never stored, so their metadata is not
+/// an object's (no name; the access reviews want it empty, TokenReview ignores it).
+fn is_review(resource: &ResourceInfo) -> bool {
+    matches!(
+        (resource.group, resource.kind),
+        ("authorization.k8s.io", _) | ("authentication.k8s.io", "TokenReview")
+    )
 }
 
 /// Validates the replacement of `old` by `new` (after defaulting): everything a create checks,
@@ -89,8 +100,14 @@ fn validate_kind(resource: &ResourceInfo, obj: &Value, old: Option<&Value>, out:
         ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
             rbac::validate_binding(obj, old, false, out)
         }
+        ("authorization.k8s.io", "SubjectAccessReview") => {
+            authorization::validate_access_review(obj, authorization::Review::Subject, out)
+        }
+        ("authorization.k8s.io", "LocalSubjectAccessReview") => {
+            authorization::validate_access_review(obj, authorization::Review::Local, out)
+        }
         ("authorization.k8s.io", "SelfSubjectAccessReview") => {
-            rbac::validate_self_subject_access_review(obj, out)
+            authorization::validate_access_review(obj, authorization::Review::SelfSubject, out)
         }
         _ => {}
     }

@@ -1,5 +1,4 @@
-//! The RBAC kinds (Role, ClusterRole, RoleBinding, ClusterRoleBinding) and
-//! SelfSubjectAccessReview: rules need verbs, bindings need a valid role reference and
+//! The RBAC kinds (Role, ClusterRole, RoleBinding, ClusterRoleBinding): rules need verbs, bindings need a valid role reference and
 //! subjects of a known kind; a binding's role reference never changes.
 
 use serde_json::Value;
@@ -142,31 +141,5 @@ fn validate_subject(subject: &Value, namespaced: bool, path: &str, out: &mut Vec
             &Value::from(other),
             &["ServiceAccount", "User", "Group"],
         )),
-    }
-}
-
-/// Exactly one of resourceAttributes and nonResourceAttributes.
-pub(super) fn validate_self_subject_access_review(obj: &Value, out: &mut Vec<Cause>) {
-    let spec = obj.get("spec").unwrap_or(null());
-    let resource = spec.get("resourceAttributes").is_some_and(|v| !v.is_null());
-    let non_resource = spec
-        .get("nonResourceAttributes")
-        .is_some_and(|v| !v.is_null());
-    if resource == non_resource {
-        let message = if resource {
-            "cannot be specified in combination with resourceAttributes"
-        } else {
-            "exactly one of nonResourceAttributes or resourceAttributes must be specified"
-        };
-        let path = if resource {
-            "spec.nonResourceAttributes"
-        } else {
-            "spec.resourceAttributes"
-        };
-        out.push(invalid(
-            path,
-            spec.get("nonResourceAttributes").unwrap_or(null()),
-            message,
-        ));
     }
 }

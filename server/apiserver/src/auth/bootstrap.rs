@@ -1002,6 +1002,51 @@ mod tests {
     }
 
     #[test]
+    fn the_auth_delegator_creates_token_and_subject_access_reviews_only() {
+        let mut policy = RbacSnapshot::bootstrap();
+        // Kubernetes binds the role to nobody; a delegating component's installer does.
+        assert!(
+            cluster_role_bindings()
+                .iter()
+                .all(|b| b.role_ref.name != "system:auth-delegator")
+        );
+        policy.insert_cluster_role_binding(binding(
+            "system:auth-delegator",
+            vec![user_subject("User", "kubelet-api")],
+        ));
+        let delegate = UserInfo::authenticated("kubelet-api", "", Vec::new());
+        let create = |group: &str, resource: &str, namespace: &str| {
+            authorize(
+                &Attributes::resource(delegate.clone(), "create", group, resource, namespace, ""),
+                &policy,
+            )
+            .allowed
+        };
+        assert!(create("authentication.k8s.io", "tokenreviews", ""));
+        assert!(create("authorization.k8s.io", "subjectaccessreviews", ""));
+        assert!(!create(
+            "authorization.k8s.io",
+            "localsubjectaccessreviews",
+            "a"
+        ));
+        let plain = UserInfo::authenticated("someone", "", Vec::new());
+        assert!(
+            !authorize(
+                &Attributes::resource(
+                    plain,
+                    "create",
+                    "authorization.k8s.io",
+                    "subjectaccessreviews",
+                    "",
+                    ""
+                ),
+                &policy
+            )
+            .allowed
+        );
+    }
+
+    #[test]
     fn default_subjects_get_their_powers() {
         let policy = RbacSnapshot::bootstrap();
         let authenticated = UserInfo::authenticated("someone", "", Vec::new());

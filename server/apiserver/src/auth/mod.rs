@@ -126,6 +126,23 @@ pub enum AuthError {
     Certificate(#[source] x509::CertificateUserError),
 }
 
+/// The error of Kubernetes' bearer-token authenticator when no token authenticator knows a
+/// token (`bearertoken.invalidToken`).
+pub const INVALID_BEARER_TOKEN: &str = "invalid bearer token";
+
+/// What a TokenReview learns about a token: Kubernetes' `authenticator.Response` (the user and
+/// the audiences it was authenticated for) when it authenticates, otherwise the error text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenReview {
+    /// The user, when the token authenticated.
+    pub user: Option<UserInfo>,
+    /// The audiences the token was authenticated for: the requested audiences that the token
+    /// (or, for an audience-agnostic static token, this server) has.
+    pub audiences: Vec<String>,
+    /// Why it did not authenticate, as Kubernetes words it; `None` when it did.
+    pub error: Option<String>,
+}
+
 /// The authenticators of one apiserver, tried in Kubernetes' order.
 pub struct Authenticator {
     /// `--token-auth-file`, if given.
@@ -135,6 +152,81 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
+    /// This server's audiences (Kubernetes' `--api-audiences`, by default the service-account
+    /// issuer): the ones its service-account verifier accepts; none without one.
+    pub fn api_audiences(&self) -> &[String] {
+        self.service_accounts
+            .as_ref()
+            .map_or(&[], serviceaccount::TokenVerifier::audiences)
+    }
+
+    /// Authenticates `token` for `audiences` (empty: this server's) at time `now`, as
+    /// Kubernetes' TokenReview does (`pkg/registry/authentication/tokenreview`): the token goes
+    /// through the bearer-token chain alone, in an `Authorization: Bearer <token>` header, with
+    /// the audiences in its context.
+    ///
+    /// - A static token is audience-agnostic (`authenticator.WrapAudienceAgnosticToken`): it
+    ///   authenticates only when the requested audiences include one of this server's, and
+    ///   reports those.
+    /// - A service-account token must share an audience with the requested ones (unless this
+    ///   server has none) and reports the shared ones.
+    /// - A header that carries no token (the token is blank) authenticates as the anonymous
+    ///   user, as Kubernetes' chain with anonymous authentication on does.
+    /// - Otherwise the error is Kubernetes': `invalid bearer token` when no authenticator knew
+    ///   the token, and `[invalid bearer token, <why>]` when the service-account authenticator
+    ///   refused it (the first is the error of kube-apiserver's loopback-token authenticator,
+    ///   which the chain tries first and whose error Kubernetes aggregates with the others).
+    pub fn review_token(&self, token: &str, audiences: &[String], now: SystemTime) -> TokenReview {
+        let requested: Vec<String> = if audiences.is_empty() {
+            self.api_audiences().to_vec()
+        } else {
+            audiences.to_vec()
+        };
+        let header = format!("Bearer {token}");
+        let Some(token) = token::bearer_token(&header) else {
+            return TokenReview {
+                user: Some(UserInfo::anonymous()),
+                audiences: requested,
+                error: None,
+            };
+        };
+        if let Some(user) = self.token_file.as_ref().and_then(|f| f.authenticate(token)) {
+            let shared: Vec<String> = self
+                .api_audiences()
+                .iter()
+                .filter(|a| requested.contains(a))
+                .cloned()
+                .collect();
+            // Without audiences in the context the wrapper is no filter at all.
+            if requested.is_empty() || !shared.is_empty() {
+                return TokenReview {
+                    user: Some(user),
+                    audiences: shared,
+                    error: None,
+                };
+            }
+        }
+        let mut errors = vec![INVALID_BEARER_TOKEN.to_string()];
+        if let Some(verifier) = &self.service_accounts {
+            match verifier.verify_for(token, now, &requested) {
+                Ok((claims, shared)) => {
+                    return TokenReview {
+                        user: Some(claims.user_info()),
+                        audiences: shared,
+                        error: None,
+                    };
+                }
+                Err(serviceaccount::VerifyError::NotOurs) => {}
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        TokenReview {
+            user: None,
+            audiences: Vec::new(),
+            error: Some(aggregate(&errors)),
+        }
+    }
+
     /// Authenticates one request from its verified client certificate chain (empty when the
     /// client sent none) and its `Authorization` header, at time `now`.
     ///
@@ -171,6 +263,21 @@ impl Authenticator {
     }
 }
 
+/// apimachinery's `utilerrors.NewAggregate(errs).Error()`: one message alone, several as
+/// `[a, b]`, repeated messages once.
+fn aggregate(errors: &[String]) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    for e in errors {
+        if !seen.contains(&e.as_str()) {
+            seen.push(e);
+        }
+    }
+    match seen.as_slice() {
+        [one] => one.to_string(),
+        many => format!("[{}]", many.join(", ")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +305,113 @@ mod tests {
         assert!(anonymous.is_anonymous());
         assert!(anonymous.in_group(GROUP_UNAUTHENTICATED));
         assert!(!anonymous.in_group(GROUP_AUTHENTICATED));
+    }
+
+    fn reviewer() -> (Authenticator, serviceaccount::TokenIssuer) {
+        use ring::rand::SystemRandom;
+        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair};
+        let pkcs8 =
+            EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &SystemRandom::new())
+                .expect("generate a key");
+        let api = vec![serviceaccount::ISSUER_DEFAULT.to_string()];
+        let issuer = serviceaccount::TokenIssuer::new(
+            pkcs8.as_ref(),
+            serviceaccount::ISSUER_DEFAULT,
+            api.clone(),
+        )
+        .expect("issuer");
+        let auth = Authenticator {
+            token_file: Some(
+                token::TokenFile::parse("s3cret,alice,1001,\"dev,ops\"\n").expect("valid file"),
+            ),
+            service_accounts: Some(issuer.verifier(api)),
+        };
+        (auth, issuer)
+    }
+
+    fn sa_token(issuer: &serviceaccount::TokenIssuer, audiences: &[&str]) -> String {
+        let request = serviceaccount::TokenRequest {
+            namespace: "shop".into(),
+            name: "robot".into(),
+            uid: "robot-uid".into(),
+            audiences: audiences.iter().map(|a| a.to_string()).collect(),
+            expiration: serviceaccount::EXPIRATION_DEFAULT,
+            pod: None,
+            node: None,
+        };
+        issuer.issue(&request, SystemTime::now()).expect("issue")
+    }
+
+    #[test]
+    fn token_reviews_honour_audiences_as_kubernetes_does() {
+        let (auth, issuer) = reviewer();
+        let now = SystemTime::now();
+        let api = serviceaccount::ISSUER_DEFAULT.to_string();
+        // A static token: this server's audiences, and only when they are asked for.
+        let review = auth.review_token("s3cret", &[], now);
+        assert_eq!(review.user.as_ref().map(|u| u.name.as_str()), Some("alice"));
+        assert_eq!(review.audiences, std::slice::from_ref(&api));
+        assert_eq!(review.error, None);
+        let review = auth.review_token("s3cret", &["vault".into()], now);
+        assert_eq!(review.user, None);
+        assert_eq!(review.error.as_deref(), Some(INVALID_BEARER_TOKEN));
+        // Only the first word of the token is a token, as in a header.
+        let review = auth.review_token("s3cret trailing", &[], now);
+        assert_eq!(review.user.map(|u| u.name), Some("alice".to_string()));
+
+        // A service-account token for the API server.
+        let token = sa_token(&issuer, &[]);
+        let review = auth.review_token(&token, &[], now);
+        let user = review.user.expect("authenticated");
+        assert_eq!(user.name, "system:serviceaccount:shop:robot");
+        assert_eq!(user.uid, "robot-uid");
+        assert_eq!(review.audiences, std::slice::from_ref(&api));
+        // ... is not one for `vault`.
+        let review = auth.review_token(&token, &["vault".into()], now);
+        assert_eq!(review.user, None);
+        assert_eq!(
+            review.error.as_deref(),
+            Some(
+                format!(
+                    "[invalid bearer token, token audiences [\"{api}\"] is invalid for the target audiences [\"vault\"]]"
+                )
+                .as_str()
+            )
+        );
+        // A token for `vault` authenticates for `vault` (and not for the API server).
+        let vault = sa_token(&issuer, &["vault", "other"]);
+        let review = auth.review_token(&vault, &["vault".into()], now);
+        assert!(review.user.is_some());
+        assert_eq!(review.audiences, ["vault"]);
+        assert!(auth.review_token(&vault, &[], now).user.is_none());
+        assert!(
+            auth.authenticate(&[], Some(&format!("Bearer {vault}")), now)
+                .is_err()
+        );
+
+        // A token nobody knows, and one signed by another key.
+        let review = auth.review_token("garbage", &[], now);
+        assert_eq!(
+            (review.user, review.error.as_deref()),
+            (None, Some(INVALID_BEARER_TOKEN))
+        );
+        let (_, stranger) = reviewer();
+        let review = auth.review_token(&sa_token(&stranger, &[]), &[], now);
+        assert_eq!(
+            review.error.as_deref(),
+            Some("[invalid bearer token, go-jose/go-jose: error in cryptographic primitive]")
+        );
+        // A header with no token in it is anonymous, as Kubernetes' chain ends.
+        let review = auth.review_token("   ", &[], now);
+        assert!(review.user.expect("anonymous").is_anonymous());
+        assert_eq!(review.audiences, [api]);
+    }
+
+    #[test]
+    fn errors_aggregate_as_apimachinery_does() {
+        assert_eq!(aggregate(&["a".into()]), "a");
+        assert_eq!(aggregate(&["a".into(), "b".into()]), "[a, b]");
+        assert_eq!(aggregate(&["a".into(), "a".into()]), "a");
     }
 
     #[test]

@@ -228,8 +228,9 @@ pub enum VerifyError {
     /// Our issuer, but the header or claims are not what we write.
     #[error("malformed service account token: {0}")]
     Malformed(String),
-    /// The signature does not verify with our key.
-    #[error("service account token signature is invalid")]
+    /// The signature does not verify with our key. The text is go-jose's, which Kubernetes'
+    /// JWT authenticator passes on (a TokenReview shows it).
+    #[error("go-jose/go-jose: error in cryptographic primitive")]
     BadSignature,
     /// Past `exp` (plus [`LEEWAY`]).
     #[error("service account token has expired")]
@@ -240,12 +241,17 @@ pub enum VerifyError {
     /// `iat` in the future (beyond [`LEEWAY`]).
     #[error("service account token is issued in the future")]
     IssuedInFuture,
-    /// No audience of the token is one this server accepts.
-    #[error("token audiences {token:?} is invalid for the target audiences {accepted:?}")]
+    /// No audience of the token is one asked for: Kubernetes' text, lists in Go's `%q` form
+    /// (`["a" "b"]`).
+    #[error(
+        "token audiences {} is invalid for the target audiences {}",
+        go_quoted_list(token),
+        go_quoted_list(accepted)
+    )]
     WrongAudience {
         /// The token's audiences.
         token: Vec<String>,
-        /// The audiences the server accepts.
+        /// The audiences asked for (the server's own, or a TokenReview's).
         accepted: Vec<String>,
     },
     /// `sub` does not match the `kubernetes.io` claim.
@@ -377,8 +383,29 @@ impl TokenVerifier {
         })
     }
 
-    /// Verifies `token` at time `now` and returns its claims.
+    /// The audiences this verifier accepts for requests to the API server: Kubernetes'
+    /// `--api-audiences` (by default the issuer).
+    pub fn audiences(&self) -> &[String] {
+        &self.audiences
+    }
+
+    /// Verifies `token` at time `now` for a request to this server (its own audiences) and
+    /// returns its claims.
     pub fn verify(&self, token: &str, now: SystemTime) -> Result<Claims, VerifyError> {
+        self.verify_for(token, now, &self.audiences)
+            .map(|(claims, _)| claims)
+    }
+
+    /// Verifies `token` at time `now` for the audiences `requested` (a TokenReview's, or this
+    /// server's), as Kubernetes' `jwtTokenAuthenticator.AuthenticateToken` does: the token's
+    /// audiences must meet the requested ones, unless this server has no audiences of its own.
+    /// Returns the claims and that intersection, in the token's order.
+    pub fn verify_for(
+        &self,
+        token: &str,
+        now: SystemTime,
+        requested: &[String],
+    ) -> Result<(Claims, Vec<String>), VerifyError> {
         if token.len() > TOKEN_BYTES_MAX {
             return Err(VerifyError::TooLong);
         }
@@ -425,6 +452,19 @@ impl TokenVerifier {
 
         let claims: Claims = serde_json::from_slice(&payload)
             .map_err(|e| VerifyError::Malformed(format!("claims: {e}")))?;
+        // Kubernetes checks the audiences before the claims' times.
+        let audiences: Vec<String> = claims
+            .aud
+            .iter()
+            .filter(|a| requested.contains(a))
+            .cloned()
+            .collect();
+        if audiences.is_empty() && !self.audiences.is_empty() {
+            return Err(VerifyError::WrongAudience {
+                token: claims.aud.clone(),
+                accepted: requested.to_vec(),
+            });
+        }
         let now = unix_seconds(now).ok_or(VerifyError::Expired)?;
         let leeway = LEEWAY.as_secs() as i64;
         if now > claims.exp.saturating_add(leeway) {
@@ -436,12 +476,6 @@ impl TokenVerifier {
         if now < claims.iat.saturating_sub(leeway) {
             return Err(VerifyError::IssuedInFuture);
         }
-        if !claims.aud.iter().any(|a| self.audiences.contains(a)) {
-            return Err(VerifyError::WrongAudience {
-                token: claims.aud.clone(),
-                accepted: self.audiences.clone(),
-            });
-        }
         let service_account = &claims.kubernetes.serviceaccount;
         if claims.kubernetes.namespace.is_empty()
             || service_account.name.is_empty()
@@ -449,8 +483,17 @@ impl TokenVerifier {
         {
             return Err(VerifyError::InconsistentSubject(claims.sub.clone()));
         }
-        Ok(claims)
+        Ok((claims, audiences))
     }
+}
+
+/// A list as Go's `%q` prints a `[]string`: `["a" "b"]`.
+pub fn go_quoted_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items
+        .iter()
+        .map(|i| serde_json::Value::String(i.clone()).to_string())
+        .collect();
+    format!("[{}]", quoted.join(" "))
 }
 
 /// Kubernetes' key id: unpadded base64url of SHA-256 over the PKIX DER of the public key.
@@ -666,6 +709,42 @@ mod tests {
         assert!(matches!(
             verifier.verify(&long, now),
             Err(VerifyError::TooLong)
+        ));
+    }
+
+    #[test]
+    fn requested_audiences_meet_the_token_s() {
+        let issuer = issuer(&key());
+        let now = SystemTime::now();
+        let mut req = request();
+        req.audiences = vec!["vault".into(), ISSUER_DEFAULT.into(), "ci".into()];
+        let token = issuer.issue(&req, now).expect("issue");
+        let verifier = issuer.verifier(vec![ISSUER_DEFAULT.to_string()]);
+        // The intersection, in the token's order.
+        let (_, audiences) = verifier
+            .verify_for(&token, now, &["ci".into(), "vault".into()])
+            .expect("verify");
+        assert_eq!(audiences, ["vault", "ci"]);
+        let (_, audiences) = verifier
+            .verify_for(&token, now, verifier.audiences())
+            .expect("verify");
+        assert_eq!(audiences, [ISSUER_DEFAULT]);
+        let err = verifier
+            .verify_for(&token, now, &["other".into()])
+            .expect_err("no common audience");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "token audiences [\"vault\" \"{ISSUER_DEFAULT}\" \"ci\"] is invalid for the target audiences [\"other\"]"
+            )
+        );
+        // An expired token with no common audience is refused for its audience first.
+        let old = issuer
+            .issue(&req, now - Duration::from_secs(7200))
+            .expect("issue");
+        assert!(matches!(
+            verifier.verify_for(&old, now, &["other".into()]),
+            Err(VerifyError::WrongAudience { .. })
         ));
     }
 

@@ -229,6 +229,27 @@ fn v2_paths_cover_every_resource() {
         paths["/apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale"]["put"]["operationId"],
         "replaceAppsV1NamespacedDeploymentScale"
     );
+    // The reviews: a create each, with Kubernetes' operation ids.
+    for (path, id) in [
+        (
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            "createAuthorizationV1SubjectAccessReview",
+        ),
+        (
+            "/apis/authorization.k8s.io/v1/namespaces/{namespace}/localsubjectaccessreviews",
+            "createAuthorizationV1NamespacedLocalSubjectAccessReview",
+        ),
+        (
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            "createAuthenticationV1TokenReview",
+        ),
+    ] {
+        let item = paths[path].as_object().expect(path);
+        for method in ["get", "put", "patch", "delete"] {
+            assert!(!item.contains_key(method), "{path} {method}");
+        }
+        assert_eq!(item["post"]["operationId"], id);
+    }
     for r in RESOURCES {
         let gvk = json!({"group": r.group, "kind": r.kind, "version": r.version});
         let has_operation = paths.values().any(|item| {

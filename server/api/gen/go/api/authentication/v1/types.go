@@ -1,5 +1,24 @@
 package v1
 
+type TokenReview struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec TokenReviewSpec `json:"spec"`
+	Status TokenReviewStatus `json:"status,omitempty"`
+}
+
+type TokenReviewSpec struct {
+	Token string `json:"token,omitempty"`
+	Audiences []string `json:"audiences,omitempty"`
+}
+
+type TokenReviewStatus struct {
+	Authenticated bool `json:"authenticated,omitempty"`
+	User UserInfo `json:"user,omitempty"`
+	Audiences []string `json:"audiences,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
 type UserInfo struct {
 	Username string `json:"username,omitempty"`
 	UID string `json:"uid,omitempty"`

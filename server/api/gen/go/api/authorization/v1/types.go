@@ -1,9 +1,23 @@
 package v1
 
+type SubjectAccessReview struct {
+	metav1.TypeMeta `json:""`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec SubjectAccessReviewSpec `json:"spec"`
+	Status SubjectAccessReviewStatus `json:"status,omitempty"`
+}
+
 type SelfSubjectAccessReview struct {
 	metav1.TypeMeta `json:""`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 	Spec SelfSubjectAccessReviewSpec `json:"spec"`
+	Status SubjectAccessReviewStatus `json:"status,omitempty"`
+}
+
+type LocalSubjectAccessReview struct {
+	metav1.TypeMeta `json:""`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec SubjectAccessReviewSpec `json:"spec"`
 	Status SubjectAccessReviewStatus `json:"status,omitempty"`
 }
 
@@ -32,6 +46,16 @@ type FieldSelectorAttributes struct {
 type NonResourceAttributes struct {
 	Path string `json:"path,omitempty"`
 	Verb string `json:"verb,omitempty"`
+}
+
+type SubjectAccessReviewSpec struct {
+	ResourceAttributes *ResourceAttributes `json:"resourceAttributes,omitempty"`
+	NonResourceAttributes *NonResourceAttributes `json:"nonResourceAttributes,omitempty"`
+	User string `json:"user,omitempty"`
+	Groups []string `json:"groups,omitempty"`
+	Extra map[string]ExtraValue `json:"extra,omitempty"`
+	UID string `json:"uid,omitempty"`
+	AuthorizationOptions *AuthorizationOptions `json:"authorizationOptions,omitempty"`
 }
 
 type SelfSubjectAccessReviewSpec struct {
