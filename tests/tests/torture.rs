@@ -94,7 +94,9 @@ fn find_binary(
     }
     let message = format!("{} not installed ({install})", candidates.join(" or "));
     if is_ci(ci) {
-        Err(format!("{message}; CI=true, so this test fails instead of skipping"))
+        Err(format!(
+            "{message}; CI=true, so this test fails instead of skipping"
+        ))
     } else {
         eprintln!("{message}: skipped (under CI=true this fails)");
         Ok(None)
