@@ -11,10 +11,10 @@
 //! the JSON they hold), `+protobuf.nullable` list wrappers (⇄ arrays); bytes fields are
 //! base64 strings and int64s are JSON numbers.
 //!
-//! # The seed trick: one allocation per object, marshalled backwards
+//! # One allocation per object, marshalled backwards
 //!
-//! (Tour section 2, "One Allocation Per Object: The Reverse Marshal Inside the Protobuf
-//! Envelope".) A length prefix precedes its message, so a forward writer must either know
+//! (`docs/tricks.md` #9, the reverse protobuf marshal inside runtime.Unknown.) A length
+//! prefix precedes its message, so a forward writer must either know
 //! every nested size in advance or copy each finished message behind its prefix. [`encode`]
 //! runs the same traversal twice over a [`Sink`]: first a [`Counter`] that only adds up
 //! lengths (computing every message's size once, bottom-up), then a [`BackWriter`] over ONE

@@ -1,8 +1,8 @@
 //! The store-facing side of the registry: decoding objects, paged LIST with continue
 //! tokens, GET, and the create/update/delete transactions with their preconditions.
 //!
-//! This carries the seed's "Double the Page Size: How etcd LIST Escapes the Selector Death
-//! Spiral": a LIST with a `limit` and a selective filter reads the store in pages, and every
+//! This carries `docs/tricks.md` #8, doubling the LIST page size under a selector, capped at
+//! 10,000: a LIST with a `limit` and a selective filter reads the store in pages, and every
 //! page that leaves the result short doubles the next page's size, capped at
 //! [`PAGE_SIZE_MAX`], so a filter matching 1 object in 1,000 costs about log2(1000/limit)
 //! store reads instead of 1000/limit.
@@ -899,7 +899,7 @@ mod tests {
         }
     }
 
-    /// Reference: the seed's "Double the Page Size"; Kubernetes' etcd3 `GetList` loop.
+    /// Reference: `docs/tricks.md` #8; Kubernetes' etcd3 `GetList` loop.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn selective_filter_doubles_the_page_size() {
         let (_dir, store) = open();

@@ -7,11 +7,11 @@
 //!   plugins as [`Scheduler::new`](skerry_scheduler::scheduler::Scheduler::new) assembles
 //!   them and the adaptive `percentageOfNodesToScore` (500 nodes: 230 feasible nodes sought;
 //!   5,000 nodes: 500).
-//! - `update_snapshot/5000`: the seed's copy-on-write point ("The Scheduler Never Locks the
-//!   Cache"). `two_changed` bumps two of 5,000 NodeInfos and brings the cycle's snapshot up
-//!   to date (two clones, counted and asserted); `two_node_updates_only` is the cost of the two
-//!   bumps alone, to subtract; `full_rebuild` is [`Cache::snapshot`], every NodeInfo cloned —
-//!   what a cycle would pay without generations.
+//! - `update_snapshot/5000`: `docs/tricks.md` #1, copy-on-write NodeInfo snapshots with
+//!   generation stamps. `two_changed` bumps two of 5,000 NodeInfos and brings the cycle's snapshot
+//!   up to date (two clones, counted and asserted); `two_node_updates_only` is the cost of the two
+//!   bumps alone, to subtract; `full_rebuild` is [`Cache::snapshot`], every NodeInfo cloned — what
+//!   a cycle would pay without generations.
 //!
 //! Run: `cargo bench -p skerry-scheduler --bench cycle`.
 

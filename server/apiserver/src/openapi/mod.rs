@@ -6,7 +6,7 @@
 //! - `spec` builds the documents as JSON from k8s-openapi's schemas and the catalogue.
 //! - `gnostic` translates the v2 document to the protobuf kubectl asks for.
 //!
-//! Seed trick (section 2, "Serialize Once, Deliver to a Thousand Watchers"), applied to the
+//! Serialize once (`docs/tricks.md` #5, the watch cache's cachingObject), applied to the
 //! largest answers the apiserver gives: each document is built and encoded once per process,
 //! on first use, and every request gets the same `Bytes` (a reference count, not a copy),
 //! with an `ETag` so a client that kept it gets `304 Not Modified`, and v3 URLs carrying the

@@ -4,7 +4,7 @@
 //! (`requested`, `non_zero_requested`, `used_ports`, the affinity sublists) equal to the
 //! sum over its pods.
 //!
-//! This is the data half of seed 1's first trick ("The Scheduler Never Locks the Cache"):
+//! This is the data half of `docs/tricks.md` #1 (copy-on-write NodeInfo snapshots):
 //! a NodeInfo carries everything a plugin needs, pre-aggregated, so the cache can hand a
 //! scheduling cycle immutable `Arc<NodeInfo>`s and clone only the ones that changed
 //! (see [`crate::cache`]).

@@ -3,8 +3,8 @@
 //! `schedule_one.go`): given a snapshot, a pod and the framework, pick a node or explain why
 //! none fits.
 //!
-//! The seed's point lives here ("50 Minus N/125: How the Scheduler Decides to Look at 5% of
-//! a 10,000-Node Cluster"): Filter does not walk every node. It stops once
+//! `docs/tricks.md` #2 lives here (percentageOfNodesToScore, 50 - N/125, with a rotating
+//! start index): Filter does not walk every node. It stops once
 //! [`num_feasible_nodes_to_find`] nodes passed, and it starts where the previous cycle
 //! stopped ([`Algorithm::next_start_node_index`]), wrapping around, so over successive
 //! cycles every node is looked at and none is starved by always sitting at the end of the
