@@ -816,7 +816,7 @@ mod tests {
             status: Some(NodeStatus {
                 allocatable: Some(list(allocatable)),
                 images: Some(vec![ContainerImage {
-                    names: Some(vec!["nginx:1.27".into(), "docker.io/nginx:1.27".into()]),
+                    names: Some(vec!["nginx:1.27".into(), "library/nginx:1.27".into()]),
                     size_bytes: Some(70_000_000),
                 }]),
                 ..Default::default()
