@@ -1,5 +1,7 @@
-//! `skerry`: the one binary. Today it runs the store (an etcd v3 server) on one box; later
-//! issues add Raft, the apiserver, the control loops, the kubelet and the proxy.
+//! `skerry`: the one binary. `skerry server` runs a cluster member: the etcd-compatible store
+//! (etcd's v3 gRPC API), alone or replicated by Raft across three boxes, and over it the
+//! Kubernetes apiserver, the controllers and the scheduler; later issues add the kubelet and
+//! the service proxy.
 //!
 //! This is a thin main, like Kubernetes' `cmd/`: it parses flags, wires the crates together and
 //! owns shutdown.
@@ -49,7 +51,8 @@ const DATA_DIR_DEFAULT: &str = ".skerry/store";
 #[command(
     name = "skerry",
     version,
-    about = "Kubernetes as a three-node appliance (today: its etcd-compatible store)"
+    about = "Kubernetes as a three-node appliance: an etcd-compatible store replicated by Raft, \
+             the Kubernetes API, the controllers and the scheduler"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -58,8 +61,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a store member serving etcd's v3 gRPC API (etcd's flag names): a single store, or
-    /// with --initial-cluster a member of a Raft cluster.
+    /// Run a member: the store serving etcd's v3 gRPC API (etcd's flag names), alone or with
+    /// --initial-cluster in a Raft cluster, and the Kubernetes API (--secure-port), the
+    /// controllers and the scheduler over it.
     Server(Box<ServerArgs>),
     /// Write a kubeconfig for the cluster whose PKI `skerry server` created: the admin's
     /// (system:masters), or with --user a new client certificate for that user.
@@ -733,6 +737,38 @@ mod tests {
         assert!(parse_client_url("http://127.0.0.1").is_err());
         assert!(parse_client_url("ftp://127.0.0.1:1").is_err());
         assert!(parse_client_url("https://127.0.0.1:2379").is_ok());
+    }
+
+    /// `skerry --help` and `skerry server --help` say what a member runs, not just the store.
+    #[test]
+    fn help_names_everything_a_member_runs() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let about = cli.get_about().map(ToString::to_string).unwrap_or_default();
+        for part in [
+            "store",
+            "Raft",
+            "Kubernetes API",
+            "controllers",
+            "scheduler",
+        ] {
+            assert!(about.contains(part), "{part} missing from {about:?}");
+        }
+        let server = cli
+            .find_subcommand("server")
+            .expect("the server subcommand");
+        let about = server
+            .get_about()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        for part in [
+            "etcd's v3 gRPC API",
+            "Kubernetes API",
+            "controllers",
+            "scheduler",
+        ] {
+            assert!(about.contains(part), "{part} missing from {about:?}");
+        }
     }
 
     #[test]

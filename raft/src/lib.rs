@@ -16,9 +16,9 @@
 //!   ReadIndex rounds and membership changes through.
 //!
 //! The store (`skerry-store`) knows nothing of Raft: opened replicated, it applies committed
-//! entries by index (see `skerry_store::replication`). Of the seed's tricks, leader election
-//! that does not trust clocks lives here: pre-vote and check-quorum on, ReadIndex (not
-//! lease-based reads) for linearizable reads.
+//! entries by index (see `skerry_store::replication`). Leader election that does not trust
+//! clocks lives here (the stance `docs/tricks.md` #14 takes for Lease election): pre-vote and
+//! check-quorum on, ReadIndex (not lease-based reads) for linearizable reads.
 
 pub mod config;
 pub mod core;

@@ -22,9 +22,9 @@
 //! checkpoints because a log (today its own write-ahead log) holds the rest. That is what the
 //! Raft layer will drive.
 //!
-//! Of the seed's tricks, the store side of two lives here: the compacted-revision floor that
-//! the apiserver's compactor (a CAS on a magic key) moves, and `count` on limited ranges that
-//! the apiserver's paged LIST depends on.
+//! The store side of two tricks of `docs/tricks.md` lives here: the compacted-revision floor
+//! that the apiserver's compactor (#13, a CAS on a magic key) moves, and `count` on limited
+//! ranges that the apiserver's paged LIST (#8) depends on.
 
 pub mod accept;
 pub mod error;

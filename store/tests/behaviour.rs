@@ -581,8 +581,8 @@ async fn a_txn_that_crashes_etcd_is_refused_and_the_store_keeps_serving() {
     store.close();
 }
 
-/// The store side of the Kubernetes compactor (seed: "The Compactor Elects Itself With a
-/// Compare-and-Swap on a Magic Key"): every apiserver runs
+/// The store side of the Kubernetes compactor (`docs/tricks.md` #13, the compactor elected
+/// by a CAS on a magic key): every apiserver runs
 /// `Txn(If(Version(compact_rev_key) == expected)).Then(Put(compact_rev_key, rev)).Else(Get)`;
 /// the version of one key is the only clock, and exactly one contender wins each round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,8 @@
 //! Operations and their strategies are in `model/ops.rs`.
 //!
 //! Reference: etcd 3.4 `etcdserver/apply.go`, `mvcc/kvstore.go`, `mvcc/kvstore_txn.go`,
-//! `etcdserver/api/v3rpc/{key,watch}.go`, and `/work/shared/notes/etcd-semantics.md`.
+//! `etcdserver/api/v3rpc/{key,watch}.go`; the rules the model keeps are listed in
+//! `ARCHITECTURE.md` ("etcd's rules kept exactly").
 //!
 //! One documented difference is part of the model: skerry keeps a tombstone that sits exactly
 //! at the compaction revision (etcd drops it), so a watch from the compaction revision sees a

@@ -17,7 +17,8 @@
 //!
 //! The skerry binary is `target/debug/skerry`, which `cargo test --workspace` builds; when it
 //! is missing, this file builds it with `cargo build -p skerry`. `SKERRY_TORTURE_SEED` replays a
-//! schedule.
+//! schedule. A missing etcd binary skips its test on a developer's machine, and fails it under
+//! `CI=true` (which `.ci/run` exports), naming what to install.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -72,6 +73,40 @@ fn skerry_bin() -> PathBuf {
     }
     assert!(bin.exists(), "{} missing after the build", bin.display());
     bin
+}
+
+/// Whether the environment says this is a CI run (`CI=true`, which CI services set and
+/// `.ci/run` exports).
+fn is_ci(ci: Option<&str>) -> bool {
+    ci.is_some_and(|value| value.eq_ignore_ascii_case("true") || value == "1")
+}
+
+/// The first of `candidates` that exists. When none does, a run outside CI skips the test
+/// (`Ok(None)`); under CI the test fails (`Err`, naming what to install): a CI run whose
+/// etcd tests only skipped would pass without having compared anything.
+fn find_binary(
+    candidates: &[&str],
+    install: &str,
+    ci: Option<&str>,
+) -> Result<Option<PathBuf>, String> {
+    if let Some(found) = candidates.iter().find(|bin| Path::new(bin).exists()) {
+        return Ok(Some(PathBuf::from(found)));
+    }
+    let message = format!("{} not installed ({install})", candidates.join(" or "));
+    if is_ci(ci) {
+        Err(format!(
+            "{message}; CI=true, so this test fails instead of skipping"
+        ))
+    } else {
+        eprintln!("{message}: skipped (under CI=true this fails)");
+        Ok(None)
+    }
+}
+
+/// [`find_binary`] with the environment's `CI`; panics under CI when nothing is installed.
+fn required_binary(candidates: &[&str], install: &str) -> Option<PathBuf> {
+    let ci = std::env::var("CI").ok();
+    find_binary(candidates, install, ci.as_deref()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The seed of a test's schedule: its own unless `SKERRY_TORTURE_SEED` replays another.
@@ -168,17 +203,17 @@ fn skerry_under_membership_changes() {
 /// etcd's bug rather than on the harness. Without the newer binary it falls back to 3.4.23.
 #[test]
 fn etcd_under_kill() {
-    let bin = [ETCD_NEWER_BIN, ETCD_BIN]
-        .into_iter()
-        .find(|bin| Path::new(bin).exists());
-    let Some(bin) = bin else {
-        eprintln!("{ETCD_BIN} not installed (apt-get install etcd-server): skipped");
+    let Some(bin) = required_binary(
+        &[ETCD_NEWER_BIN, ETCD_BIN],
+        "apt-get install etcd-server, or run .ci/run, which also unpacks Debian sid's \
+         etcd-server into /opt/skerry-ci/etcd-newer",
+    ) else {
         return;
     };
     torture(
         "etcd-kill",
         Target::Etcd,
-        PathBuf::from(bin),
+        bin,
         &[FaultKind::Kill],
         ETCD_RUN,
         4,
@@ -192,18 +227,39 @@ fn etcd_under_kill() {
 /// things.
 #[test]
 fn newer_etcd_under_partitions() {
-    if !Path::new(ETCD_NEWER_BIN).exists() {
-        eprintln!(
-            "{ETCD_NEWER_BIN} not installed (.ci/run unpacks Debian sid's etcd-server): skipped"
-        );
+    let Some(bin) = required_binary(
+        &[ETCD_NEWER_BIN],
+        "run .ci/run, which unpacks Debian sid's etcd-server (3.5.x) there",
+    ) else {
         return;
-    }
+    };
     torture(
         "etcd-newer-partition",
         Target::Etcd,
-        PathBuf::from(ETCD_NEWER_BIN),
+        bin,
         &[FaultKind::Partition],
         SKERRY_RUN,
         1,
     );
+}
+
+/// The skip above is for a developer's machine only: under CI a missing etcd fails the test
+/// with what to install, and an installed one is found whatever `CI` says.
+#[test]
+fn a_missing_binary_fails_under_ci_and_skips_elsewhere() {
+    let missing = ["/nonexistent/skerry-ci/etcd"];
+    let install = "apt-get install etcd-server";
+    let error = find_binary(&missing, install, Some("true")).expect_err("fails under CI");
+    assert!(error.contains(install), "{error}");
+    assert!(error.contains(missing[0]), "{error}");
+    assert!(find_binary(&missing, install, Some("1")).is_err());
+    assert_eq!(find_binary(&missing, install, None), Ok(None));
+    assert_eq!(find_binary(&missing, install, Some("false")), Ok(None));
+    let here = env!("CARGO_MANIFEST_DIR");
+    for ci in [None, Some("true")] {
+        assert_eq!(
+            find_binary(&[missing[0], here], install, ci),
+            Ok(Some(PathBuf::from(here)))
+        );
+    }
 }

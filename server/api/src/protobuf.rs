@@ -11,10 +11,10 @@
 //! the JSON they hold), `+protobuf.nullable` list wrappers (⇄ arrays); bytes fields are
 //! base64 strings and int64s are JSON numbers.
 //!
-//! # The seed trick: one allocation per object, marshalled backwards
+//! # One allocation per object, marshalled backwards
 //!
-//! (Tour section 2, "One Allocation Per Object: The Reverse Marshal Inside the Protobuf
-//! Envelope".) A length prefix precedes its message, so a forward writer must either know
+//! (`docs/tricks.md` #9, the reverse protobuf marshal inside runtime.Unknown.) A length
+//! prefix precedes its message, so a forward writer must either know
 //! every nested size in advance or copy each finished message behind its prefix. [`encode`]
 //! runs the same traversal twice over a [`Sink`]: first a [`Counter`] that only adds up
 //! lengths (computing every message's size once, bottom-up), then a [`BackWriter`] over ONE
@@ -38,7 +38,7 @@
 //! non-pointer field even when it is zero (kubectl sends `hostIPC: false`, `paused: false`,
 //! `generation: 0`). The decoder prints what Kubernetes' own encoding/json would print for
 //! the Go struct that gogo's Unmarshal fills, using each field's Go facts from
-//! [`schema::GoField`] (`schema/go_json.json`, generated from the Go struct tags):
+//! [`schema::GoField`] (`schema/go_json.json`, the table of the Go struct tags):
 //!
 //! - a non-pointer `omitempty` scalar at its zero (false, 0, "", empty bytes) is dropped;
 //! - a pointer is printed whenever it arrived, zero included (`replicas: 0` survives), and an
@@ -51,10 +51,10 @@
 //!   `null` (hence Kubernetes 1.32's `creationTimestamp: null` in pod templates),
 //!   `Quantity` `"0"`, `IntOrString` `0`, `Duration` `"0s"`, `RawExtension` `null`.
 //!
-//! Fields the Go sources lack (newer than the fetched release, see `server/api/gen/go/`)
-//! keep the conservative rule: zero numbers and `false` kept, `null` and empty optional
-//! strings dropped. The rules run once per decoded message ([`apply_go_json`]); inline
-//! members are Go's embedded structs, whose fields sit in the parent's JSON.
+//! Fields the table lacks (see `schema/go_json.md`) keep the conservative rule: zero numbers
+//! and `false` kept, `null` and empty optional strings dropped. The rules run once per decoded
+//! message ([`apply_go_json`]); inline members are Go's embedded structs, whose fields sit in
+//! the parent's JSON.
 
 use std::fmt;
 use std::io::Write as _;
@@ -1985,7 +1985,7 @@ mod tests {
 
     /// `kubectl create deployment web --image=nginx:1.27 --replicas=0 --port=80`, decoded to
     /// exactly json.Marshal of the apps/v1 Deployment gogo fills. Expected JSON reasoned
-    /// from the Go tags (gen/go/api/apps/v1 and core/v1 types.go), field by field:
+    /// from the Go tags (k8s.io/api apps/v1 and core/v1 types.go), field by field:
     /// `replicas` is `*int32`: kept at 0. `paused`, `minReadySeconds` are `omitempty`
     /// values: dropped at zero. `strategy` and `status` are struct values: `{}`.
     /// `template.metadata.creationTimestamp` (metav1.Time value): null. PodSpec's bools,

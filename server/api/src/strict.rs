@@ -1,4 +1,4 @@
-//! Strict decoding of request bodies: the seed's "strict decoding fork".
+//! Strict decoding of request bodies (`docs/tricks.md` #19, strict JSON decoding).
 //!
 //! serde, like Go's `encoding/json`, silently drops fields it does not know and keeps the last
 //! of two duplicate keys, so `spec.contianers` or a doubled `replicas` would be accepted and

@@ -1,9 +1,9 @@
 //! Admission: the checks that run after decoding and validation and before the store write.
 //!
 //! - OwnerReferencesPermissionEnforcement — setting `blockOwnerDeletion` on an owner
-//!   reference needs `update` on the owner's `finalizers`, decided with the seed's single
-//!   wildcard probe first ("One Wildcard RBAC Probe Instead of N Authorizations",
-//!   [`crate::auth::rbac::can_set_blocking_owner_finalizers`]).
+//!   reference needs `update` on the owner's `finalizers`, decided with a single wildcard
+//!   probe first (`docs/tricks.md` #12, one wildcard RBAC probe for owner-reference
+//!   finalizers, [`crate::auth::rbac::can_set_blocking_owner_finalizers`]).
 //! - Priority (Kubernetes' `plugin/pkg/admission/priority`) — a new pod's
 //!   `spec.priorityClassName` becomes `spec.priority` and `spec.preemptionPolicy`, so the
 //!   scheduler's queue and preemption read one integer and never a PriorityClass; a pod

@@ -1,5 +1,4 @@
-//! The compactor: "The Compactor Elects Itself With a Compare-and-Swap on a Magic Key"
-//! (seed, section 2).
+//! The compactor, elected by a CAS on a magic key (`docs/tricks.md` #13).
 //!
 //! Every apiserver of the cluster runs this loop. Each round it tries one transaction: "if
 //! the version of [`COMPACT_REV_KEY`] is still the one I saw last round, write the revision I
@@ -9,7 +8,7 @@
 //! compaction happens about once per interval however many apiservers run. The losers learn
 //! the new version from the failed transaction and try again next round. No lease, no
 //! leader election, no wall clock shared between machines: if clocks drift, rounds just
-//! happen a little more or less often ("what if time is not accurate? we don't care").
+//! happen a little more or less often, and nothing else changes.
 
 use std::time::Duration;
 

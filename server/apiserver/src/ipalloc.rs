@@ -1,5 +1,5 @@
-//! The ClusterIP allocator: "Random ClusterIPs on Purpose: The Allocator That Fights eBPF
-//! Hash Collisions" (seed, section 6).
+//! The ClusterIP allocator: random ClusterIPs with a static lower band (`docs/tricks.md`
+//! #36).
 //!
 //! Sequential ClusterIPs (10.96.0.1, .2, .3, ...) make datapaths that hash the 5-tuple put
 //! neighbouring services in neighbouring buckets, so the allocator starts at a random offset
@@ -121,8 +121,8 @@ pub fn pick(cidr: &ServiceCidr, used: &BTreeSet<u32>, rng: &mut impl Rng) -> Opt
         }
         let width = end - start;
         let first = start + rng.random_range(0..width);
-        // Free offsets at or after `first`, then from the band's start: the scan of the seed's
-        // bitmap, over the sorted set of used offsets.
+        // Free offsets at or after `first`, then from the band's start: Kubernetes' bitmap
+        // scan (`randomScanStrategyWithOffset`), over the sorted set of used offsets.
         if let Some(free) = first_free(used, first, end).or_else(|| first_free(used, start, first))
         {
             return Some(free);

@@ -1,5 +1,5 @@
-//! The metadata-only view the garbage collector reads (tour section 5, "Solid, Dangling,
-//! Waiting"): `Accept: application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1` on a
+//! The metadata-only view the garbage collector reads (`docs/tricks.md` #29, solid / dangling
+//! / waiting): `Accept: application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1` on a
 //! WATCH streams events whose objects are `meta.k8s.io/v1` PartialObjectMetadata, as
 //! client-go's metadata informer expects; and the deletion semantics the collector relies
 //! on: `propagationPolicy=Foreground` / `Orphan` put their finalizers on the object, and

@@ -1,4 +1,4 @@
-//! Workqueue throughput with coalescing (tour section 3, "Two Sets and a FIFO") against a naive
+//! Workqueue throughput with coalescing (`docs/tricks.md` #17) against a naive
 //! queue that keeps every add.
 //!
 //! [`PRODUCERS`] producers add [`ADDS`] keys drawn from [`KEYS`] distinct keys while one consumer

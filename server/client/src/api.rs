@@ -5,9 +5,9 @@
 //! (client-go's QPS/burst); it is cheap to clone. [`Api<K>`] is a typed view on one resource
 //! in one namespace (or all); [`MetadataApi`] is the metadata-only view
 //! (`as=PartialObjectMetadata`) over a resource named at run time, which the garbage
-//! collector reads (tour section 5, "Solid, Dangling, Waiting").
+//! collector reads (`docs/tricks.md` #29).
 //!
-//! What it carries from client-go (tour section 3, "the machinery everybody copies"):
+//! What it carries from client-go (the client library, `docs/tricks.md` #15-21):
 //! - Every request, watches included, first waits for a token of the client's bucket, so a
 //!   controller that relists in a loop is slowed down instead of flooding the apiserver.
 //! - Over HTTP/2 every request and every watch of a client is a stream of one connection

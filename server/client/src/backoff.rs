@@ -1,7 +1,7 @@
 //! The reflector's backoff: client-go's exponential backoff manager with the reflector's numbers.
 //!
-//! Seed trick (tour section 3, "The Reflector Refuses to Publish a Resource Version It Hasn't
-//! Earned"): the backoff "is tuned by traffic arithmetic rather than feel". Every reflector of
+//! `docs/tricks.md` #16 (the reflector withholding unearned resource versions, and its
+//! backoff): the backoff's numbers come from traffic arithmetic, not feel. Every reflector of
 //! every client retries through this struct, so its numbers decide how hard a fleet of clients
 //! hits an apiserver that has just restarted. client-go's comment on the same numbers
 //! (`tools/cache/reflector.go`, `NewNamedReflector`): retrying once a second was 1 QPS per

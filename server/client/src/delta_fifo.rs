@@ -1,12 +1,12 @@
-//! The DeltaFIFO between the reflector and the informer (client-go's `DeltaFIFO`, tour
-//! section 3: "The Informer Will OOM If You Are Too Slow").
+//! The DeltaFIFO between the reflector and the informer (client-go's `DeltaFIFO`,
+//! `docs/tricks.md` #18).
 //!
 //! The reflector writes what it sees ([`ReflectorStore`]); the informer [`DeltaFifo::pop`]s
 //! one key at a time and gets *every* change to that object since the last pop, oldest first,
 //! as [`Delta`]s. Keys leave in the order they first arrived; an object that changes while its
 //! key is queued keeps its place and accumulates deltas instead of being queued twice.
 //!
-//! The seed trick carried here: **`pop` runs the handler while holding the queue lock**. The
+//! The trick carried here: **`pop` runs the handler while holding the queue lock**. The
 //! reflector's `add`/`update`/`replace` take the same lock, so while the informer is
 //! processing one item the reflector cannot push more: the backlog is bounded by how fast the
 //! informer processes, not by how fast the watch delivers. (The informer's handler only updates
@@ -265,7 +265,7 @@ impl<K: Object> DeltaFifo<K> {
     /// Waits for a key, removes it with all its deltas and runs `handler(key, deltas,
     /// is_in_initial_list)` **while holding the queue lock**, so that nothing can be added
     /// while the handler runs: the reflector waits, and the backlog cannot grow behind a
-    /// handler (tour section 3). The handler must therefore be quick and must not block —
+    /// handler (`docs/tricks.md` #18). The handler must therefore be quick and must not block —
     /// hand slow work to something else (the informer hands it to each handler's ring).
     ///
     /// `is_in_initial_list` is true while the items of the first replace are being popped.
@@ -735,7 +735,7 @@ mod tests {
         assert_eq!(types(&deltas), [DeltaType::Updated]);
     }
 
-    /// The seed's point: while the handler runs, an add from another thread waits for it.
+    /// `docs/tricks.md` #18: while the handler runs, an add from another thread waits for it.
     #[test]
     fn pop_runs_the_handler_under_the_queue_lock() {
         let fifo = Arc::new(DeltaFifo::new(None));

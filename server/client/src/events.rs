@@ -2,7 +2,8 @@
 //! lines `kubectl describe` prints under "Events:" (ScalingReplicaSet, SuccessfulCreate,
 //! FailedCreate, ...).
 //!
-//! It carries the client-go machinery of tour section 3 ("the machinery everybody copies"):
+//! It carries client-go's event machinery, next to the client library of `docs/tricks.md`
+//! #15-21:
 //! - [`EventRecorder::event`] never blocks and never fails: it builds the Event (named
 //!   `<involvedObject name>.<hex Unix nanoseconds>`, in the involved object's namespace or
 //!   `default`) and `try_send`s it into a bounded queue of [`INCOMING_QUEUE_EVENTS_MAX`]. When

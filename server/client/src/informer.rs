@@ -1,6 +1,6 @@
 //! The shared informer (client-go's `sharedIndexInformer`): one reflector and one DeltaFIFO
-//! feeding one indexer and many handlers, each with its own unbounded ring (tour section 3,
-//! "The Informer Will OOM If You Are Too Slow: An Unbounded Ring Buffer, On Purpose").
+//! feeding one indexer and many handlers, each with its own unbounded ring (`docs/tricks.md`
+//! #18, the informer's unbounded ring per handler and Pop under the queue lock).
 //!
 //! The path of an object:
 //! 1. the [`Reflector`] lists and watches, and writes into the [`DeltaFifo`];

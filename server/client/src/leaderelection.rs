@@ -1,7 +1,7 @@
 //! Leader election on `coordination.k8s.io/v1` Leases: client-go's `tools/leaderelection`.
 //!
-//! Seed trick (tour section 2, "Leader Election Ignores the Clocks: observedTime and the
-//! Skew-Rate Ratio"): the elector never compares a timestamp written by another machine with
+//! `docs/tricks.md` #14 (leader election on observedTime and the skew-rate ratio): the
+//! elector never compares a timestamp written by another machine with
 //! its own clock. The `renewTime` and `acquireTime` in the Lease are written for humans and
 //! `kubectl`; the decision to take over uses only *when this elector saw the record change*
 //! (client-go's `observedTime`), measured on its own monotonic clock. A candidate takes

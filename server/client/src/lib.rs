@@ -1,5 +1,5 @@
-//! skerry's client library for the Kubernetes API — what every controller copies (tour
-//! section 3, "client-go: the machinery everybody copies").
+//! skerry's client library for the Kubernetes API — what every controller is built on
+//! (`docs/tricks.md`, part 3: #15-21).
 //!
 //! The pieces, in the order an object travels through them:
 //! - [`api`]: a typed HTTP(S) client ([`Client`], [`Api`]) over hyper + rustls, speaking JSON

@@ -1,14 +1,15 @@
 //! The reflector: keeps a [`ReflectorStore`] in step with one resource on the apiserver, through
 //! one WatchList stream or, when the server refuses that, paginated LIST + WATCH.
 //!
-//! Seed tricks (tour section 3, "client-go: the machinery everybody copies"):
-//! - **One Stream Instead of Two**: the reflector first asks for a WatchList — a WATCH with
-//!   `sendInitialEvents=true`, `allowWatchBookmarks=true` and `resourceVersionMatch=NotOlderThan`.
+//! Tricks carried here (`docs/tricks.md`):
+//! - **#15, WatchList instead of LIST + WATCH**: the reflector first asks for a WatchList — a
+//!   WATCH with `sendInitialEvents=true`, `allowWatchBookmarks=true` and
+//!   `resourceVersionMatch=NotOlderThan`.
 //!   The server sends the current state as synthetic ADDED events, then a BOOKMARK annotated
 //!   `k8s.io/initial-events-end: "true"`, then carries on as an ordinary watch. Pagination is
 //!   deliberately not involved: the point is that the server answers from its watch cache in
 //!   memory instead of paging through its store, and one stream replaces a LIST and a WATCH.
-//! - **The Reflector Refuses to Publish a Resource Version It Hasn't Earned**: the synthetic
+//! - **#16, the reflector withholding unearned resource versions**: the synthetic
 //!   ADDED events of the initial state are *not* in resource-version order (each carries its
 //!   object's own last-modified RV), so none of them may become the reflector's RV: resuming a
 //!   watch from one would skip every change between it and the real snapshot. They go into a

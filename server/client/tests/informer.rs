@@ -2,7 +2,7 @@
 //! fed by hand ([`SharedInformer::manual`]), by the real reflector over a fake
 //! [`ListerWatcher`], and by the real reflector over a real apiserver ([`TestServer`]).
 //!
-//! What they show (tour section 3, "The Informer Will OOM If You Are Too Slow"): a handler
+//! What they show (`docs/tricks.md` #18, the informer's unbounded ring per handler): a handler
 //! blocked forever does not delay another handler by one event; a handler added late sees the
 //! cache's contents; a deletion missed while the watch was down arrives as a tombstone after
 //! the relist; a resync reaches handlers as `on_update(obj, obj)`.

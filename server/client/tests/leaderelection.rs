@@ -4,7 +4,7 @@
 //! What the tests show: one leader at a time; a follower takes over a lease duration after
 //! it last saw the record change when the leader dies, and at once when it releases; the
 //! takeover wait is timed by the follower's own clock, whatever `renewTime` another machine
-//! wrote (seed section 2, "Leader Election Ignores the Clocks"); losing the
+//! wrote (`docs/tricks.md` #14, leader election on observedTime); losing the
 //! resourceVersion race is not leadership; failed renewals cancel the leader's token at the
 //! renew deadline; and the clock-rate skew tolerated is `lease_duration / renew_deadline`.
 
@@ -498,7 +498,7 @@ async fn stop_before_leading_returns_without_callbacks() {
     assert_eq!(holder(&lease).as_deref(), Some("other"));
 }
 
-/// The seed's point: the wait is timed from when *this* elector saw the record change, by
+/// `docs/tricks.md` #14: the wait is timed from when *this* elector saw the record change, by
 /// its own clock; another machine's `renewTime`, however far off, is never compared.
 #[tokio::test(start_paused = true)]
 async fn takeover_waits_a_lease_duration_by_the_local_clock_whatever_the_renew_time() {

@@ -1,7 +1,7 @@
 //! The reflector against a scripted ListerWatcher: WatchList with the resource version withheld
 //! until the initial-events-end bookmark, the LIST + WATCH fallback, relists on 410 Gone, and
-//! client-go's backoff between failures. Tour section 3: "One Stream Instead of Two" and "The
-//! Reflector Refuses to Publish a Resource Version It Hasn't Earned".
+//! client-go's backoff between failures: `docs/tricks.md` #15 (WatchList instead of LIST +
+//! WATCH) and #16 (the reflector withholding unearned resource versions, and its backoff).
 //!
 //! The fake answers each LIST and WATCH with whatever the test sends down a channel, and
 //! records every call's parameters and (virtual) time. Time is paused: backoff sleeps pass

@@ -16,7 +16,7 @@
 //! ([`replace_node_name_affinity`]) and lets the scheduler bind it, so daemon pods go through
 //! the same admission, preemption and resource accounting as every other pod.
 //!
-//! It carries the seed's "Expectations" trick (tour section 5) exactly as the ReplicaSet
+//! It carries expectations (`docs/tricks.md` #27) exactly as the ReplicaSet
 //! controller does: it raises the creations and the deletions (by UID) it is about to make
 //! before writing, the pod handlers lower them as the writes come back through the watch, and
 //! while they are unmet a sync only refreshes status. Without them, a sync that ran before

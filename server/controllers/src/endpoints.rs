@@ -3,12 +3,12 @@
 //! matching pods, ready ones under `addresses` and the others under `notReadyAddresses`, with
 //! the ports resolved from each Service port's `targetPort`.
 //!
-//! It is the legacy half of "a service is a rule" (tour section 6): the EndpointSlice
-//! controller ([`crate::endpointslice`]) is the one the proxy reads; this one exists for the
-//! clients that still read Endpoints. The pieces both controllers share — which pods count
+//! It is the legacy half of what the service proxy reads (`docs/tricks.md`, networking): the
+//! EndpointSlice controller ([`crate::endpointslice`]) is the one the proxy reads; this one exists
+//! for the clients that still read Endpoints. The pieces both controllers share — which pods count
 //! ([`should_pod_be_in_endpoints`]), how a port is found ([`find_port`]), when a hostname is
-//! published ([`should_set_hostname`]) and the last-change trigger time
-//! ([`TriggerTimeTracker`]) — live here.
+//! published ([`should_set_hostname`]) and the last-change trigger time ([`TriggerTimeTracker`]) —
+//! live here.
 //!
 //! Invariants:
 //! - the controller writes only when the subsets, the labels or the over-capacity annotation

@@ -1,4 +1,4 @@
-//! Expectations: how a controller waits for its own writes to come back (tour section 5,
+//! Expectations: how a controller waits for its own writes to come back (`docs/tricks.md` #27,
 //! kube-controller-manager's `ControllerExpectations` and `UIDTrackingControllerExpectations`
 //! in `pkg/controller/controller_utils.go`).
 //!

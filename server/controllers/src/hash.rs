@@ -1,5 +1,5 @@
-//! The pod-template hash (tour section 5, "Not a Random Suffix: The Deployment Hash and Its
-//! Collision Counter"): the name suffix and `pod-template-hash` label of every ReplicaSet a
+//! The pod-template hash (`docs/tricks.md` #28, the Deployment hash with its collision
+//! counter): the name suffix and `pod-template-hash` label of every ReplicaSet a
 //! Deployment owns.
 //!
 //! Why a hash and not a random suffix: the controller acts on a cache that lags. If it picked

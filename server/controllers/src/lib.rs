@@ -1,4 +1,4 @@
-//! skerry's controllers (tour section 5, "The controllers: acting on a cache that lags"): each
+//! skerry's controllers (`docs/tricks.md`, part 5: acting on a cache that lags): each
 //! reads from shared informers, decides, and writes through the apiserver; they run only on
 //! the member that holds the `kube-controller-manager` Lease.
 

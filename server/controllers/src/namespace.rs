@@ -23,12 +23,12 @@
 //! left, removes `kubernetes` from `spec.finalizers` with
 //! `PUT /api/v1/namespaces/<ns>/finalize`, and the apiserver removes the namespace.
 //!
-//! Acting on a cache that lags (tour section 5): the informer only says *which* namespace to
-//! look at. Each pass re-reads the namespace live before acting, decides what is left from
-//! fresh LISTs rather than from caches, and the first pass after an event waits
-//! [`NAMESPACE_DELETION_GRACE_PERIOD`] so every apiserver of the three has seen the deletion
-//! (and refuses new content) and every last-moment create is in the store before the
-//! controller lists what to delete.
+//! Acting on a cache that lags (`docs/tricks.md`, part 5): the informer only says *which* namespace
+//! to look at. Each pass re-reads the namespace live before acting, decides what is left from fresh
+//! LISTs rather than from caches, and the first pass after an event waits
+//! [`NAMESPACE_DELETION_GRACE_PERIOD`] so every apiserver of the three has seen the deletion (and
+//! refuses new content) and every last-moment create is in the store before the controller lists
+//! what to delete.
 //!
 //! One difference from Kubernetes, on purpose: a resource whose objects are all gone after
 //! the delete contributes no estimate. Kubernetes keeps the pod grace estimate even when the

@@ -4,13 +4,13 @@
 //! `controller_ref_manager.go`), shared by the ReplicaSet controller and later the DaemonSet
 //! and StatefulSet controllers.
 //!
-//! The writes go through the [`PodControl`] trait so a controller's `sync` can be tested over
-//! a fake that records them — and, for the expectations test (tour section 5), a fake whose
+//! The writes go through the [`PodControl`] trait so a controller's `sync` can be tested over a
+//! fake that records them — and, for the expectations test (`docs/tricks.md` #27), a fake whose
 //! creations never come back through a watch. [`Client`] implements it for real.
 //!
-//! [`slow_start_batch`] is the other half of the seed's write discipline: a controller that
-//! must create 500 pods into a namespace whose quota allows none learns so from one failed
-//! request, not five hundred.
+//! [`slow_start_batch`] is the other half of the write discipline of `docs/tricks.md` #27: a
+//! controller that must create 500 pods into a namespace whose quota allows none learns so from one
+//! failed request, not five hundred.
 //!
 //! The events `kubectl describe` shows for those writes (`SuccessfulCreate`, `FailedCreate`,
 //! `SuccessfulDelete`, `FailedDelete`, with `RealPodControl`'s messages) are recorded by

@@ -2,7 +2,7 @@
 //! `spec.replicas` pods matching each ReplicaSet's selector, owned by it through a controller
 //! reference, and reports how many exist, are ready and are available in its status.
 //!
-//! It carries the seed's "Expectations" trick (tour section 5). The controller decides from
+//! It carries expectations (`docs/tricks.md` #27). The controller decides from
 //! its pod informer cache, which learns of the controller's own creations and deletions only
 //! when they come back through the watch. So:
 //! - before creating `n` pods it raises `expect_creations(key, n)`, and before deleting pods it
@@ -1357,7 +1357,7 @@ mod tests {
         Time(now.0.checked_sub(SignedDuration::from_secs(secs)).unwrap())
     }
 
-    // ---- the seed: expectations stop a double create ---------------------------------------
+    // ---- docs/tricks.md #27: expectations stop a double create ------------------------------
 
     #[tokio::test]
     async fn second_sync_before_the_watch_catches_up_creates_nothing() {

@@ -7,8 +7,8 @@
 //! missing. A namespace that is not `Active` gets nothing — it is being emptied by the
 //! namespace controller, and the apiserver refuses new content in it anyway.
 //!
-//! Acting on a cache that lags (tour section 5): the decision reads the ServiceAccount cache,
-//! which can be behind the store, so a create may find the account already there. That
+//! Acting on a cache that lags (`docs/tricks.md`, part 5): the decision reads the ServiceAccount
+//! cache, which can be behind the store, so a create may find the account already there. That
 //! `AlreadyExists` is success, never an error: the cache was late, not the cluster wrong.
 //!
 //! [`sync`]: ServiceAccountController::sync_namespace

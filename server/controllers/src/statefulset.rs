@@ -20,10 +20,10 @@
 //!   ControllerRevision objects are written (skerry's apiserver does not serve them), so new
 //!   pods are always created from the current template, even below a `partition`.
 //!
-//! Why no expectations here, unlike the ReplicaSet and DaemonSet controllers (tour section 5):
-//! the seed's other answer to a lagging cache is a name that is a function of the desired
-//! state ("Not a Random Suffix"). A sync that runs before its own `web-1` reached the cache
-//! tries to create `web-1` again and gets `AlreadyExists`, never a second pod; the error
+//! Why no expectations here, unlike the ReplicaSet and DaemonSet controllers (`docs/tricks.md`
+//! #27): the other answer to a lagging cache is a name that is a function of the desired
+//! state (as the Deployment hash is, #28). A sync that runs before its own `web-1` reached the
+//! cache tries to create `web-1` again and gets `AlreadyExists`, never a second pod; the error
 //! re-queues the set and the pod's ADDED event wakes it anyway.
 //!
 //! Where to start: [`StatefulSetController::sync_stateful_set`]; the decision is the pure

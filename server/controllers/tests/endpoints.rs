@@ -474,7 +474,7 @@ async fn topology_mode_auto_hints_each_endpoint_for_its_zone() {
     .await;
 }
 
-/// Reference: tour section 5, expectations — a burst of pod events must not create a second
+/// Reference: `docs/tricks.md` #27, expectations — a burst of pod events must not create a second
 /// slice while the controller's first write is still on its way back through the watch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_pods_never_makes_a_second_slice() {

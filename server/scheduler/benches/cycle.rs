@@ -7,11 +7,14 @@
 //!   plugins as [`Scheduler::new`](skerry_scheduler::scheduler::Scheduler::new) assembles
 //!   them and the adaptive `percentageOfNodesToScore` (500 nodes: 230 feasible nodes sought;
 //!   5,000 nodes: 500).
-//! - `update_snapshot/5000`: the seed's copy-on-write point ("The Scheduler Never Locks the
-//!   Cache"). `two_changed` bumps two of 5,000 NodeInfos and brings the cycle's snapshot up
-//!   to date (two clones, counted and asserted); `two_node_updates_only` is the cost of the two
-//!   bumps alone, to subtract; `full_rebuild` is [`Cache::snapshot`], every NodeInfo cloned —
-//!   what a cycle would pay without generations.
+//! - `update_snapshot/5000`: `docs/tricks.md` #1, copy-on-write NodeInfo snapshots with
+//!   generation stamps. `two_changed` bumps two of 5,000 NodeInfos and brings the cycle's snapshot
+//!   up to date (two clones, counted and asserted); `two_node_updates_only` is the cost of the two
+//!   bumps alone, to subtract; `full_rebuild` is [`Cache::snapshot`], every NodeInfo cloned — what
+//!   a cycle would pay without generations.
+//! - `filter_parallelism/{500,5000}/{1,2}`: the same cycle with Filter on one thread and on
+//!   two (the machine's cores), so the cost of splitting the walk over threads can be read
+//!   against what it saves; both must pick the same node, which is asserted before measuring.
 //!
 //! Run: `cargo bench -p skerry-scheduler --bench cycle`.
 
@@ -67,7 +70,7 @@ fn pod(i: usize, node: Option<String>) -> Arc<Pod> {
     let mut value = json!({
         "metadata": {"name": format!("pod-{i:05}"), "namespace": "sched-0",
             "uid": format!("pod-uid-{i}")},
-        "spec": {"containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10",
+        "spec": {"containers": [{"name": "pause", "image": "pause:3.10",
             "ports": [{"containerPort": 80}],
             "resources": {"limits": resources, "requests": resources}}]},
     });
@@ -166,5 +169,47 @@ fn update_snapshot(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, schedule_pod, update_snapshot);
+/// Filter on this many threads: one, and the two cores the appliance's boxes have.
+const FILTER_PARALLELISMS: [usize; 2] = [1, 2];
+
+fn filter_parallelism(c: &mut Criterion) {
+    let mut group = c.benchmark_group("filter_parallelism");
+    for nodes in CLUSTER_SIZES {
+        let cache = cluster(nodes);
+        let incoming = PodInfo::new(pod(nodes, None));
+        let mut choices = Vec::new();
+        for parallelism in FILTER_PARALLELISMS {
+            let mut algorithm = Algorithm::new(
+                default_framework(),
+                PERCENTAGE_ADAPTIVE,
+                parallelism,
+                Some(1),
+            );
+            cache.update_snapshot(algorithm.snapshot_mut());
+            let first = algorithm
+                .schedule_pod(&mut CycleState::default(), &incoming, &NoNominatedPods)
+                .expect("the pod fits");
+            choices.push(first.suggested_host);
+            group.bench_with_input(
+                BenchmarkId::new(nodes.to_string(), parallelism),
+                &parallelism,
+                |b, _| {
+                    b.iter(|| {
+                        let result = algorithm
+                            .schedule_pod(&mut CycleState::default(), &incoming, &NoNominatedPods)
+                            .expect("the pod fits");
+                        black_box(result)
+                    });
+                },
+            );
+        }
+        assert!(
+            choices.windows(2).all(|w| w[0] == w[1]),
+            "the same first choice whatever the parallelism: {choices:?}"
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, schedule_pod, update_snapshot, filter_parallelism);
 criterion_main!(benches);

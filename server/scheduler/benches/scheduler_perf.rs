@@ -110,7 +110,7 @@ const HIGH_PRIORITY_CLASS: &str = "scheduler-perf-high";
 /// `pod-with-topology-spreading.yaml`'s `maxSkew`.
 const SPREAD_MAX_SKEW: usize = 5;
 /// The templates' image (never pulled: there is no kubelet).
-const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
+const PAUSE_IMAGE: &str = "pause:3.10";
 
 /// Where init pods live (scheduler_perf's `createNamespaces` with prefix `sched`).
 const NS_INIT: &str = "sched-0";

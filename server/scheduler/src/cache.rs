@@ -2,8 +2,8 @@
 //! [`NodeInfo`] with the pods bound — or assumed — to it, written by the informers' event
 //! handlers and read by each scheduling cycle through a [`Snapshot`].
 //!
-//! Seed 1, "The Scheduler Never Locks the Cache: Generation Stamps and Copy-on-Write
-//! NodeInfos": the NodeInfos sit on a doubly-linked list ordered by recency (the most
+//! `docs/tricks.md` #1, copy-on-write NodeInfo snapshots with generation stamps: the
+//! NodeInfos sit on a doubly-linked list ordered by recency (the most
 //! recently changed at the head), and every change stamps the changed NodeInfo with the next
 //! value of one monotonic `generation` counter. [`Cache::update_snapshot`] walks from the
 //! head only while the stamps are newer than the snapshot's generation, so a cycle after two

@@ -1,4 +1,4 @@
-//! skerry's scheduler (tour section 1, "The scheduler: sampling, snapshots, and stealing"):
+//! skerry's scheduler (`docs/tricks.md`, part 1: snapshots, sampling, preemption):
 //! one scheduling cycle at a time over a snapshot of a cache that informers write to, never
 //! locking the cache during a cycle and never looking at more nodes than it needs.
 //!

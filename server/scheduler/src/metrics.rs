@@ -1,6 +1,6 @@
 //! Scheduler metrics under kube-scheduler's names (`pkg/scheduler/metrics/metrics.go`, all
 //! with the `scheduler_` prefix), so dashboards and alerts written for kube-scheduler read
-//! skerry's unchanged. Carries the seed's "pending pods, attempts, e2e scheduling duration".
+//! skerry's unchanged: pending pods, attempts, e2e scheduling duration.
 //!
 //! One process-global [`registry`] holds the families (as the client's workqueue metrics do);
 //! [`encode_text`] renders it in Prometheus' text format for the binary's `/metrics`.
@@ -16,7 +16,7 @@
 //! - `scheduler_scheduling_attempt_duration_seconds{result,profile}`: one attempt, scheduling
 //!   algorithm + binding (observed when the bind completes for a scheduled pod).
 //! - `scheduler_e2e_scheduling_duration_seconds{result,profile}`: the same measurement under
-//!   its pre-1.23 name, which the seed and older dashboards use.
+//!   its pre-1.23 name, which older dashboards use.
 //! - `scheduler_scheduling_algorithm_duration_seconds`: the cycle alone (snapshot, filter,
 //!   score), without binding.
 //! - `scheduler_pod_scheduling_duration_seconds{attempts}`: from the pod's first enqueue to

@@ -3,8 +3,8 @@
 //! lower-priority pods makes room, nominate the pod there and delete those victims with
 //! their graceful termination.
 //!
-//! It carries the seed trick "Remove Everything, Then Reprieve: How Preemption Finds the
-//! Smallest Victim Set" (tour section 1). Choosing the smallest set of pods to evict is a
+//! It carries `docs/tricks.md` #3, preemption by removing all lower-priority victims then
+//! reprieving. Choosing the smallest set of pods to evict is a
 //! subset search, exponential in the pods on a node; Kubernetes does not search. On a copy of
 //! the node ([`Preemptor::select_victims_on_node`]) it
 //! 1. removes *every* pod with lower priority than the preemptor and asks the Filter plugins
@@ -707,7 +707,7 @@ impl<'a> Preemptor<'a> {
         (non_violating, node_statuses, errors)
     }
 
-    /// The seed's trick (Kubernetes' `SelectVictimsOnNode`). `state` is the caller's copy;
+    /// `docs/tricks.md` #3 (Kubernetes' `SelectVictimsOnNode`). `state` is the caller's copy;
     /// `node_info` is copied on its first change if it is shared (so a snapshot's NodeInfo
     /// is never modified). Both are left with the victims removed.
     ///

@@ -1,8 +1,8 @@
 //! The scheduling queue: which pending pod the scheduler tries next, and when a pod that did
 //! not fit is worth trying again (Kubernetes' `pkg/scheduler/internal/queue`, 1.32).
 //!
-//! Seed section 1 ("The scheduler: sampling, snapshots, and stealing") is about making each
-//! cycle cheap; this module makes sure the cycles are spent on pods that can now succeed.
+//! The scheduler's part of `docs/tricks.md` (#1-4) is about making each cycle cheap; this
+//! module makes sure the cycles are spent on pods that can now succeed.
 //! Three sub-queues hold every pending pod exactly once:
 //!
 //! - **activeQ**: pods to try now, a heap ordered as Kubernetes' `PrioritySort` plugin orders

@@ -1,5 +1,5 @@
-//! Property test for seed 1's "The Hostname Fast Path: Inter-Pod Affinity Without the
-//! Cluster-Wide Topology Map": on random small clusters whose affinity terms all use
+//! Property test for `docs/tricks.md` #4, the inter-pod-affinity hostname fast path: on
+//! random small clusters whose affinity terms all use
 //! `kubernetes.io/hostname`, InterPodAffinity with the fast path (`PathMode::Auto`) gives
 //! exactly the answers of Kubernetes' topology-map algorithm (`PathMode::FullOnly`):
 //!

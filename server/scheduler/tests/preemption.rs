@@ -1,4 +1,4 @@
-//! Preemption by reprieve (tour section 1, "Remove Everything, Then Reprieve"), tested on
+//! Preemption by reprieve (`docs/tricks.md` #3), tested on
 //! hand-made nodes with the real NodeResourcesFit filter, against Kubernetes 1.32's
 //! `defaultpreemption` rules; and the async half against a real apiserver.
 //!

@@ -163,7 +163,7 @@ fn pod(name: &str, cpu: &str, memory: &str) -> Pod {
         spec: Some(PodSpec {
             containers: vec![Container {
                 name: "app".into(),
-                image: Some("registry.k8s.io/pause:3.10".into()),
+                image: Some("pause:3.10".into()),
                 resources: Some(ResourceRequirements {
                     requests: Some(quantities(&[("cpu", cpu), ("memory", memory)])),
                     ..ResourceRequirements::default()

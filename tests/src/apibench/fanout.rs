@@ -6,7 +6,7 @@
 //! tokio task each, with the writes going straight to the store. The HTTP level is in
 //! [`super::http`].
 //!
-//! It measures the seed trick "Serialize Once, Deliver to a Thousand Watchers": the cache's
+//! It measures `docs/tricks.md` #5, serialize once per watch event: the cache's
 //! serialization counter must grow by exactly the number of events, not events × watchers,
 //! and a run that sees anything else fails.
 //!

@@ -15,8 +15,8 @@
 //! Start at [`run`]; the `skerry-apibench` binary wraps it with a command line, a table and
 //! `--json`.
 //!
-//! It measures two seed tricks of the apiserver (section 2 of the tour): "Serialize Once,
-//! Deliver to a Thousand Watchers" (every fan-out run fails unless the cache's serialization
+//! It measures two tricks of the apiserver (`docs/tricks.md`): #5, serialize once per watch
+//! event (every fan-out run fails unless the cache's serialization
 //! count grew by exactly the number of events) and the watch cache's LIST.
 //!
 //! Invariant: runs of one scenario share one apiserver but never overlap; each starts only

@@ -18,7 +18,8 @@
 //! empty sets are dropped; entries are sorted as Kubernetes sorts them (operation, time,
 //! manager, apiVersion, subresource), so the same ownership always encodes the same bytes.
 //!
-//! The seed trick it relies on, ownership as sorted-slice sets, is in [`super::fieldset`].
+//! The trick it relies on, managedFields as sorted-slice sets (`docs/tricks.md` #20), is in
+//! [`super::fieldset`].
 
 use std::collections::BTreeMap;
 

@@ -1,10 +1,10 @@
 //! Sets of field paths, as server-side apply records who owns what, and their `FieldsV1`
 //! encoding in `metadata.managedFields`.
 //!
-//! The trick carried here (the seed's "Field Ownership as a Sorted Slice"): a set is a trie
-//! whose levels are sorted vectors rather than hash maps, so it serializes in one
-//! deterministic order, and union, intersection and difference are merge-joins of two
-//! sorted vectors, linear in the sizes of the sets.
+//! The trick carried here (`docs/tricks.md` #20, managedFields as sorted-slice sets): a set
+//! is a trie whose levels are sorted vectors rather than hash maps, so it serializes in one
+//! deterministic order, and union, intersection and difference are merge-joins of two sorted
+//! vectors, linear in the sizes of the sets.
 //!
 //! Invariants, checked in debug builds after every operation: at every level `members`
 //! and the elements of `children` are strictly increasing, and no child set is empty.

@@ -14,7 +14,7 @@
 //! - `$deleteFromPrimitiveList/<field>: [...]` removes values from a merged scalar list;
 //! - `$setElementOrder/<field>: [...]` gives the order of a merged list.
 //!
-//! The trick carried here (the seed's "$setElementOrder" article): merging by key loses
+//! The trick carried here (`docs/tricks.md` #21, `$setElementOrder`): merging by key loses
 //! order, so the result is split into the items the patch names and the items only the
 //! server has; each part is sorted by its own order (the patch's, the live object's), and
 //! the two sorted parts are interleaved, a server-only item going before a patch item only

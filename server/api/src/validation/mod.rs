@@ -8,8 +8,8 @@
 //!
 //! Invariants: validation is pure (no store, no clock), never panics on any JSON a client
 //! can send (a field of the wrong type is reported, not unwrapped), and reports every error it
-//! finds rather than the first, like Kubernetes' `field.ErrorList`: the seed's "strict error
-//! accumulation with a hundred-error cap" (the cap is applied by `ApiError::invalid`).
+//! finds rather than the first, like Kubernetes' `field.ErrorList`: error accumulation with a
+//! cap, as in `docs/tricks.md` #19 (the cap is applied by `ApiError::invalid`).
 //!
 //! Layout: [`names`] holds the string-format checks, [`quantity`] resource quantities,
 //! `meta` object metadata, `pod` pod specs and templates, and one file per API group

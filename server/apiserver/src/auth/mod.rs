@@ -8,8 +8,8 @@
 //! - [`serviceaccount`]: service-account tokens, ES256 JWTs shaped like Kubernetes' bound
 //!   tokens, issued and verified with the cluster's service-account key.
 //! - [`rbac`]: `authorize(attributes, source)`, Kubernetes' RBAC rule matching over ClusterRoles,
-//!   Roles and their bindings, plus the seed trick "One Wildcard RBAC Probe Instead of N
-//!   Authorizations" in [`rbac::can_set_blocking_owner_finalizers`].
+//!   Roles and their bindings, plus one wildcard RBAC probe for owner-reference finalizers
+//!   (`docs/tricks.md` #12) in [`rbac::can_set_blocking_owner_finalizers`].
 //! - [`bootstrap`]: Kubernetes' default ClusterRoles and ClusterRoleBindings.
 //!
 //! [`Authenticator`] chains the authenticators in Kubernetes' order: a verified client

@@ -19,7 +19,7 @@
 //! ClusterRoles their label selectors pick, as Kubernetes' clusterrole-aggregation controller
 //! writes them, iterated to a fixed point so `admin` includes `edit` includes `view`.
 //!
-//! Seed trick, "One Wildcard RBAC Probe Instead of N Authorizations":
+//! `docs/tricks.md` #12, one wildcard RBAC probe for owner-reference finalizers:
 //! [`can_set_blocking_owner_finalizers`] first asks once whether the user may `update` the
 //! `finalizers` of every resource in every group (`*/*`), which every controller bound to a
 //! wildcard role passes; only if that fails does it resolve each owner reference's kind to its

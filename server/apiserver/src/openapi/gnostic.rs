@@ -240,7 +240,6 @@ fn parameter(value: &Value, path: &str) -> Result<pb::ParametersItem, BuildError
                     name: p.name,
                     r#type: p.r#type,
                     unique_items: p.unique_items,
-                    ..Default::default()
                 })
             }
             "query" => pb::non_body_parameter::Oneof::QueryParameterSubSchema(
@@ -251,7 +250,6 @@ fn parameter(value: &Value, path: &str) -> Result<pb::ParametersItem, BuildError
                     name: p.name,
                     r#type: p.r#type,
                     unique_items: p.unique_items,
-                    ..Default::default()
                 },
             ),
             other => return Err(unencodable(path, format!("parameter in {other:?}"))),
@@ -369,7 +367,6 @@ pub fn document(value: &Value) -> Result<pb::Document, BuildError> {
                     title: field("title")?,
                     version: field("version")?,
                     description: field("description")?,
-                    ..Default::default()
                 });
             }
             "paths" => {

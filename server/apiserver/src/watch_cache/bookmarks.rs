@@ -1,9 +1,9 @@
 //! Time buckets of watchers: who gets a bookmark, or reaches its deadline, in which second.
 //!
-//! This carries the seed's "Bookmarks in a Bucket": there is no timer per watcher. A watcher
-//! is filed under the whole second at which its next bookmark is due, and one ticker pops
-//! every due bucket in bulk once a second. The same structure files watch deadlines
-//! (`timeoutSeconds`), so a watch needs no timer of its own at all.
+//! This carries `docs/tricks.md` #6, bookmarks bucketed per second: there is no timer per
+//! watcher. A watcher is filed under the whole second at which its next bookmark is due, and
+//! one ticker pops every due bucket in bulk once a second. The same structure files watch
+//! deadlines (`timeoutSeconds`), so a watch needs no timer of its own at all.
 //!
 //! Entries are never removed early: a watcher that went away, or was re-filed, leaves a stale
 //! entry that the popper skips (the cache checks the watcher still exists and is still due

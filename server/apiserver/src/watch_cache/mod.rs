@@ -9,16 +9,16 @@
 //! watch) or loss (the store stream closed) ends every watcher and relists; clients re-watch
 //! and those older than the new window hear 410 Expired.
 //!
-//! Seed tricks carried here (section 2 of the tour):
-//! - "Serialize Once, Deliver to a Thousand Watchers" ([`object`]): frames are built once
+//! Tricks carried here (`docs/tricks.md`, the apiserver part):
+//! - #5, serialize once per watch event ([`object`]): frames are built once
 //!   per event and per encoding actually watched (JSON, protobuf), and shared as `Bytes`;
 //!   [`CacheMetrics::serializations`] counts encodings. Each watcher records its
 //!   [`Encoding`], and every frame it is sent (events, backlog, snapshot, bookmarks, ERROR)
 //!   is of that encoding.
-//! - "Bookmarks in a Bucket" ([`bookmarks`], [`stream`]): one ticker per cache pops
+//! - #6, bookmarks bucketed per second ([`bookmarks`], [`stream`]): one ticker per cache pops
 //!   watchers due for a bookmark (or their deadline) by whole second; WatchList's three
 //!   states live in the stream.
-//! - "I'm Behind: the Three-Second Grace Period" ([`WatchCache::wait_fresh`]): a request
+//! - #7, the 3 s wait before "too old resource version" ([`WatchCache::wait_fresh`]): a request
 //!   for a revision the cache has not reached waits up to [`RESOURCE_VERSION_TOO_HIGH_WAIT`],
 //!   and the common fresh case returns at once with no task and no timer.
 //! - Slow watchers are cut off ([`WatchCacheConfig::watcher_queue_events_max`]): a full

@@ -1,8 +1,8 @@
 //! `CachedObject`: one object as the watch cache holds it, serialized at most once per
 //! encoding and shared by every reader.
 //!
-//! This carries the seed's "Serialize Once, Deliver to a Thousand Watchers: the
-//! cachingObject": an event's object is encoded lazily, the first time any watcher needs it
+//! This carries `docs/tricks.md` #5, serialize once per watch event (Kubernetes'
+//! cachingObject): an event's object is encoded lazily, the first time any watcher needs it
 //! in a given [`Encoding`], and the bytes (and the whole watch frame around them) are
 //! memoized per encoding, so a hundred JSON watchers and a hundred protobuf watchers of one
 //! event cost two serializations and two hundred reference-count bumps. The deep copy is

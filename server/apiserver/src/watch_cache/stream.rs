@@ -1,8 +1,8 @@
 //! One watcher's stream of wire frames, and the WatchList state machine.
 //!
-//! This carries the second half of the seed's "Bookmarks in a Bucket": the WatchList
-//! protocol (`sendInitialEvents=true`) moves through three states, so no client can miss or
-//! double an event:
+//! This carries the second half of `docs/tricks.md` #6, the WatchList three-state machine:
+//! the WatchList protocol (`sendInitialEvents=true`) moves through three states, so no client
+//! can miss or double an event:
 //!
 //! 1. [`Phase::InitialEvents`]: synthetic ADDED frames for the objects of the snapshot the
 //!    cache took at revision S, under the same lock that registered the watcher's queue;

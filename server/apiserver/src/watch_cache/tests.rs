@@ -76,8 +76,8 @@ fn live_from(rv: i64) -> WatchOptions {
     }
 }
 
-/// Reference: the seed's cachingObject. Without the memo every watcher would encode every
-/// event itself: 1,000 serializations instead of 10.
+/// Reference: `docs/tricks.md` #5 (cachingObject). Without the memo every watcher would encode
+/// every event itself: 1,000 serializations instead of 10.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_watchers_ten_events_ten_serializations() {
     let (_dir, store) = open();
@@ -122,7 +122,7 @@ async fn hundred_watchers_ten_events_ten_serializations() {
     );
 }
 
-/// Reference: the seed's "I'm Behind", Kubernetes' `blockTimeout`.
+/// Reference: `docs/tricks.md` #7, Kubernetes' `blockTimeout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revision_ahead_waits_three_seconds_then_504() {
     let (_dir, store) = open();
@@ -259,7 +259,7 @@ async fn a_watch_older_than_the_window_gets_an_in_stream_410() {
     }
 }
 
-/// Reference: the WatchList protocol (KEP-3157); the seed's three-state machine.
+/// Reference: the WatchList protocol (KEP-3157); `docs/tricks.md` #6, the three-state machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_list_sends_state_then_end_bookmark_then_live_without_gaps() {
     let (_dir, store) = open();
@@ -358,8 +358,8 @@ async fn a_slow_watcher_is_cut_off_without_blocking_the_others() {
     );
 }
 
-/// Reference: the seed's "Bookmarks in a Bucket". The ticker is driven by hand so the test
-/// needs no clock: one pop serves every due watcher.
+/// Reference: `docs/tricks.md` #6, bookmarks bucketed per second. The ticker is driven by hand
+/// so the test needs no clock: one pop serves every due watcher.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bookmarks_go_out_in_bulk_per_second() {
     let (_dir, store) = open();
@@ -793,7 +793,7 @@ async fn protobuf_and_json_watchers_see_the_same_events() {
     );
 }
 
-/// Reference: the seed's cachingObject, per encoding: 50 protobuf watchers of 10 events
+/// Reference: `docs/tricks.md` #5 (cachingObject), per encoding: 50 protobuf watchers of 10 events
 /// cost 10 protobuf serializations and share every frame buffer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_protobuf_watchers_ten_events_ten_serializations() {

@@ -1,5 +1,5 @@
-//! `add_after` on one heap and one timer (tour section 3: "AddAfter uses one heap instead of a
-//! thousand timers"; client-go `util/workqueue/delaying_queue.go`).
+//! `add_after` on one heap and one timer (`docs/tricks.md` #17; client-go
+//! `util/workqueue/delaying_queue.go`).
 //!
 //! Every delayed item goes into one min-heap ordered by the time it becomes ready, and one
 //! background task sleeps until the earliest of them, moves every ready item into the queue,

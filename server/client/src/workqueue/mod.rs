@@ -1,6 +1,6 @@
 //! The workqueue every controller pulls keys from: two sets and a FIFO, `add_after` on one
-//! heap, and rate limiters (tour section 3, "Two Sets and a FIFO: The Whole Concurrency Model
-//! of the Kubernetes Workqueue"; client-go `util/workqueue`).
+//! heap, and rate limiters (`docs/tricks.md` #17, the workqueue's dirty set, processing set
+//! and FIFO, one heap for AddAfter; client-go `util/workqueue`).
 //!
 //! - [`queue`](self) core: a `dirty` set, a `processing` set and a FIFO give coalescing (an
 //!   item added ten times before a worker takes it is synced once), mutual exclusion (an item
@@ -373,7 +373,7 @@ mod tests {
             .num_alive_tasks()
     }
 
-    /// The seed's example: a key added three times while it is being processed is processed
+    /// `docs/tricks.md` #17: a key added three times while it is being processed is processed
     /// twice in total, not four times.
     #[tokio::test]
     async fn three_adds_while_processing_sync_twice() {
@@ -615,7 +615,7 @@ mod tests {
         assert_eq!(queue.len(), 0);
     }
 
-    /// The seed's point: a thousand delayed items cost one timer task, not a thousand.
+    /// `docs/tricks.md` #17: a thousand delayed items cost one timer task, not a thousand.
     #[tokio::test(start_paused = true)]
     async fn add_after_uses_one_timer_task() {
         let queue = WorkQueue::<u32>::new("test-one-timer");

@@ -1,5 +1,5 @@
 //! The core of the workqueue, with no locks, tasks or clocks of its own: a FIFO and two sets
-//! (tour section 3, "Two Sets and a FIFO"; client-go `util/workqueue/queue.go`).
+//! (`docs/tricks.md` #17; client-go `util/workqueue/queue.go`).
 //!
 //! - `dirty`: the items that need processing. An add of an item already dirty does nothing,
 //!   which is all the coalescing there is: ten updates to one object before a worker gets to it
@@ -204,7 +204,7 @@ mod tests {
         assert_eq!(drain(&mut queue, now), vec!["a", "b"]);
     }
 
-    /// The seed's example: a key added three times while it is being processed is processed
+    /// `docs/tricks.md` #17: a key added three times while it is being processed is processed
     /// twice in total, not four times.
     #[test]
     fn three_adds_while_processing_make_one_more_sync() {

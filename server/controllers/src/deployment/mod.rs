@@ -1,7 +1,7 @@
 //! The Deployment controller (kube-controller-manager's `pkg/controller/deployment`): rolls a
 //! Deployment's pod template out through ReplicaSets, one per template revision.
 //!
-//! It carries the seed's "Not a Random Suffix" trick (tour section 5): each ReplicaSet is
+//! It carries the Deployment hash (`docs/tricks.md` #28): each ReplicaSet is
 //! named `<deployment>-<pod-template-hash>`, the hash an FNV-32a of the template safe-encoded
 //! into a vowel-free alphabet ([`crate::hash`]), and a name taken by someone else is escaped by
 //! bumping the Deployment's persisted `status.collisionCount` ([`sync`]) — never by a random

@@ -10,7 +10,7 @@
 //! a write from a stale cache fails with 409 Conflict and the key is retried — the controller
 //! never merges.
 //!
-//! The seed's trick lives in [`Run::get_new_replica_set`]: the new ReplicaSet is named
+//! `docs/tricks.md` #28 lives in [`Run::get_new_replica_set`]: the new ReplicaSet is named
 //! `<deployment>-<hash(template, collisionCount)>`; when that name is taken by a ReplicaSet
 //! that is not this Deployment's (another owner, or a different template that hashed the same),
 //! the sync bumps `status.collisionCount`, persists it, and fails so the retry computes a new

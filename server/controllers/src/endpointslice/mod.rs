@@ -2,15 +2,15 @@
 //! publishes each selector Service's pods as `discovery.k8s.io/v1` EndpointSlices — at most
 //! [`reconciler::DEFAULT_MAX_ENDPOINTS_PER_SLICE`] endpoints a slice, with `ready` / `serving`
 //! / `terminating` conditions, node, zone and pod reference — which is what the service
-//! proxy reads (tour section 6, "a service is a rule").
+//! proxy reads (`docs/tricks.md`, networking).
 //!
-//! It carries two of the seed's tricks:
-//! - acting on a cache that lags (tour section 5): the [`tracker::EndpointSliceTracker`]
+//! It carries two tricks of `docs/tricks.md`:
+//! - #27, expectations, in the form of a tracker: the [`tracker::EndpointSliceTracker`]
 //!   remembers the version of every slice the controller writes; a sync whose slice cache is
 //!   older than that is refused and retried with backoff, so a burst of pod events never
 //!   creates a second set of slices before the first comes back through the watch, and the
 //!   controller's own writes coming back wake nothing while someone else's edit is reverted;
-//! - "Hints by CPU Share" (tour section 6): Services annotated
+//! - #35, topology hints by CPU share (the controller half): Services annotated
 //!   `service.kubernetes.io/topology-mode: Auto` get per-endpoint zone hints allocated by each
 //!   zone's share of allocatable CPU with the 20 % overload guarantee
 //!   ([`topology::TopologyCache`]).
@@ -727,7 +727,7 @@ mod tests {
         h.slices.upsert(&key_of(created), Arc::new(created.clone()));
     }
 
-    // Reference: tour section 5, "Expectations" — the slice controller's tracker.
+    // Reference: `docs/tricks.md` #27, expectations — the slice controller's tracker.
     #[tokio::test]
     async fn a_sync_on_a_cache_that_has_not_seen_our_create_is_refused_not_repeated() {
         let h = harness();

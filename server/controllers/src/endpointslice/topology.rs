@@ -1,5 +1,5 @@
-//! Topology hints by CPU share (tour section 6, "Hints by CPU Share: How the Topology Cache
-//! Keeps a Zone From Overloading"; Kubernetes' `endpointslice/topologycache`).
+//! Topology hints by CPU share (`docs/tricks.md` #35, the controller half; Kubernetes'
+//! `endpointslice/topologycache`).
 //!
 //! For a Service annotated `service.kubernetes.io/topology-mode: Auto`, every ready endpoint
 //! gets a hint naming the zone whose clients should use it. The [`TopologyCache`] knows each

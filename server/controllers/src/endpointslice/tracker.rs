@@ -1,6 +1,6 @@
 //! The EndpointSlice controller's record of its own writes (Kubernetes'
-//! `EndpointSliceTracker`) — the slice controller's form of the seed's expectations (tour
-//! section 5, "Expectations: How a Controller Waits for Its Own Writes to Come Back").
+//! `EndpointSliceTracker`) — the slice controller's form of expectations (`docs/tricks.md`
+//! #27).
 //!
 //! After the controller writes a slice it remembers the version the apiserver returned.
 //! Then:

@@ -1,5 +1,5 @@
-//! The seed's trick, "Solid, Dangling, Waiting: How the Garbage Collector Decides to
-//! Delete": an item's owner references are sorted into three buckets by looking each owner
+//! `docs/tricks.md` #29, the garbage collector's solid / dangling / waiting: an item's owner
+//! references are sorted into three buckets by looking each owner
 //! up **live** through the metadata-only API (the graph may lag the apiserver), and what the
 //! collector does to the item follows from the buckets alone. The decisions are pure
 //! functions of the item's graph view, its live metadata and the buckets; only

@@ -1,7 +1,7 @@
 //! The garbage collector (kube-controller-manager's `pkg/controller/garbagecollector`):
 //! deletes objects whose owners are gone, and carries out foreground and orphan deletion.
-//! It carries the seed's trick "Solid, Dangling, Waiting: How the Garbage Collector Decides
-//! to Delete" (tour section 5).
+//! It carries `docs/tricks.md` #29, the garbage collector's solid / dangling / waiting and
+//! the foreground cycle breaker.
 //!
 //! # Layout
 //! - Monitors: one **metadata-only** informer (`as=PartialObjectMetadata`) per resource that

@@ -1,5 +1,5 @@
-//! The seed's trick (tour section 5, "Before It Evicts Your Node, the Node Controller Checks
-//! Its Own Cache"): is the informer's copy of a node's Lease behind the apiserver's?
+//! `docs/tricks.md` #30 (the node lifecycle controller re-reading the lease live): is the
+//! informer's copy of a node's Lease behind the apiserver's?
 //!
 //! The controller decides from its caches. If the Lease informer stalls — a watch that hangs
 //! without erroring, a relist stuck behind a slow apiserver — every Lease in the cache

@@ -3,8 +3,8 @@
 //! that stopped reporting, marks them `Unknown`, taints them, and evicts their pods once the
 //! pods' tolerations run out.
 //!
-//! It carries the seed's "Before It Evicts Your Node, the Node Controller Checks Its Own
-//! Cache" (tour section 5). Everything here is decided from informer caches, and a cache that
+//! It carries `docs/tricks.md` #30, re-reading the lease live and aborting the pass when the
+//! cache is stale. Everything here is decided from informer caches, and a cache that
 //! silently stopped updating makes every node look dead at once. So every pass, before it
 //! marks a node `Unknown`, adds a `NoExecute` taint or deletes a pod, re-reads the affected
 //! nodes' Leases live from the apiserver; if any live Lease is newer than the cached one,
@@ -760,7 +760,7 @@ impl NodeLifecycleController {
             .taint_first_seen
             .retain(|key, _| taints_without_time.contains(key));
 
-        // 5. The seed's check: is the cache behind the apiserver for any node we are about
+        // 5. `docs/tricks.md` #30: is the cache behind the apiserver for any node we are about
         // to act on?
         let mut report = PassReport::default();
         for plan in plans.iter().filter(|p| p.needs_lease_check()) {

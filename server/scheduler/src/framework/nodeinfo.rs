@@ -4,7 +4,7 @@
 //! (`requested`, `non_zero_requested`, `used_ports`, the affinity sublists) equal to the
 //! sum over its pods.
 //!
-//! This is the data half of seed 1's first trick ("The Scheduler Never Locks the Cache"):
+//! This is the data half of `docs/tricks.md` #1 (copy-on-write NodeInfo snapshots):
 //! a NodeInfo carries everything a plugin needs, pre-aggregated, so the cache can hand a
 //! scheduling cycle immutable `Arc<NodeInfo>`s and clone only the ones that changed
 //! (see [`crate::cache`]).
@@ -816,7 +816,7 @@ mod tests {
             status: Some(NodeStatus {
                 allocatable: Some(list(allocatable)),
                 images: Some(vec![ContainerImage {
-                    names: Some(vec!["nginx:1.27".into(), "docker.io/nginx:1.27".into()]),
+                    names: Some(vec!["nginx:1.27".into(), "library/nginx:1.27".into()]),
                     size_bytes: Some(70_000_000),
                 }]),
                 ..Default::default()

@@ -194,27 +194,27 @@ mod tests {
     }
 
     // Reference: Kubernetes imagelocality/image_locality_test.go "two images spread on two
-    // nodes, prefer the larger image one": node1 has gcr.io/40 (40 MB) and gcr.io/300
-    // (300 MB, elsewhere too), node2 has gcr.io/250 (250 MB); the pod wants 40 and 300.
+    // nodes, prefer the larger image one": node1 has img/40 (40 MB) and img/300
+    // (300 MB, elsewhere too), node2 has img/250 (250 MB); the pod wants 40 and 300.
     //   node1: 40 MB * 1/2 + 300 MB * 2/2 = 320 MB → 100 * (320 - 23) / (2000 - 23) = 15
     //   node2: 250 MB is not wanted → 0
     #[test]
     fn scores_by_size_and_spread() {
         let p = pod_info(json!({"metadata": {"name": "p"}, "spec": {"containers": [
-            {"name": "a", "image": "gcr.io/40"}, {"name": "b", "image": "gcr.io/300"}]}}));
+            {"name": "a", "image": "img/40"}, {"name": "b", "image": "img/300"}]}}));
         let nodes = vec![
             node(
                 "node1",
                 &[
-                    ("gcr.io/40:latest", 40 * MB, 1),
-                    ("gcr.io/300:latest", 300 * MB, 2),
+                    ("img/40:latest", 40 * MB, 1),
+                    ("img/300:latest", 300 * MB, 2),
                 ],
             ),
             node(
                 "node2",
                 &[
-                    ("gcr.io/300:latest", 300 * MB, 2),
-                    ("gcr.io/250:latest", 250 * MB, 1),
+                    ("img/300:latest", 300 * MB, 2),
+                    ("img/250:latest", 250 * MB, 1),
                 ],
             ),
         ];

@@ -1,6 +1,6 @@
 //! InterPodAffinity (Kubernetes 1.32 `framework/plugins/interpodaffinity`): required pod
-//! affinity and anti-affinity as a Filter, preferred terms as a Score; it carries the seed's
-//! trick "The Hostname Fast Path: Inter-Pod Affinity Without the Cluster-Wide Topology Map".
+//! affinity and anti-affinity as a Filter, preferred terms as a Score; it carries
+//! `docs/tricks.md` #4, the inter-pod-affinity hostname fast path.
 //!
 //! # The full path (Kubernetes' algorithm)
 //!

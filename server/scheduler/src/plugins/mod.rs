@@ -4,7 +4,7 @@
 //! Each plugin parses what it needs from the pod once per cycle (PreFilter / PreScore into
 //! the [`CycleState`](crate::framework::CycleState)) so that Filter and Score, which run
 //! per node over thousands of nodes, only compare numbers and labels on the snapshot's
-//! shared `NodeInfo`s — the snapshot the cache never locks (seed 1).
+//! shared `NodeInfo`s — the snapshot the cache never locks (`docs/tricks.md` #1).
 //!
 //! A plugin returning `Skip` from PreFilter has nothing to check for this pod: the framework
 //! must not run its Filter; `Skip` from PreScore means: do not run its Score (the node's

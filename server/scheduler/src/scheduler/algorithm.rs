@@ -3,8 +3,8 @@
 //! `schedule_one.go`): given a snapshot, a pod and the framework, pick a node or explain why
 //! none fits.
 //!
-//! The seed's point lives here ("50 Minus N/125: How the Scheduler Decides to Look at 5% of
-//! a 10,000-Node Cluster"): Filter does not walk every node. It stops once
+//! `docs/tricks.md` #2 lives here (percentageOfNodesToScore, 50 - N/125, with a rotating
+//! start index): Filter does not walk every node. It stops once
 //! [`num_feasible_nodes_to_find`] nodes passed, and it starts where the previous cycle
 //! stopped ([`Algorithm::next_start_node_index`]), wrapping around, so over successive
 //! cycles every node is looked at and none is starved by always sitting at the end of the
@@ -767,93 +767,6 @@ mod tests {
                     parallel.next_start_node_index()
                 );
             }
-        }
-    }
-
-    /// Measures a cycle with the default plugins at 500 and 5,000 nodes, filtering on 1 and
-    /// 2 threads. Run with `cargo test --release -p skerry-scheduler --lib
-    /// filter_parallelism_cost -- --ignored --nocapture`.
-    #[test]
-    #[ignore = "a measurement; run by hand in release mode"]
-    fn filter_parallelism_cost() {
-        use std::time::Instant;
-
-        use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
-        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-
-        let plugins = crate::plugins::default_plugins();
-        let framework = Arc::new(Framework::new(
-            "default-scheduler",
-            plugins.pre_filter,
-            plugins.filter,
-            plugins.pre_score,
-            plugins.score,
-        ));
-        let quantity = |s: &str| Quantity(s.to_string());
-        let mut pod = k8s_openapi::api::core::v1::Pod::default();
-        pod.metadata.name = Some("p".into());
-        pod.metadata.namespace = Some("default".into());
-        pod.metadata.uid = Some("uid-p".into());
-        pod.spec = Some(PodSpec {
-            containers: vec![Container {
-                name: "c".into(),
-                resources: Some(ResourceRequirements {
-                    requests: Some(
-                        [
-                            ("cpu".to_string(), quantity("100m")),
-                            ("memory".to_string(), quantity("128Mi")),
-                        ]
-                        .into(),
-                    ),
-                    ..ResourceRequirements::default()
-                }),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        });
-        let pod = PodInfo::new(Arc::new(pod));
-        for nodes in [500, 5_000] {
-            let cache = crate::cache::Cache::new(std::time::Duration::ZERO);
-            for i in 0..nodes {
-                let mut node = Node::default();
-                let name = format!("node-{i}");
-                node.metadata.labels =
-                    Some([("kubernetes.io/hostname".to_string(), name.clone())].into());
-                node.metadata.name = Some(name);
-                node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
-                    allocatable: Some(
-                        [
-                            ("cpu".to_string(), quantity("32")),
-                            ("memory".to_string(), quantity("128Gi")),
-                            ("pods".to_string(), quantity("110")),
-                        ]
-                        .into(),
-                    ),
-                    ..Default::default()
-                });
-                cache.add_node(Arc::new(node));
-            }
-            let mut results = Vec::new();
-            for parallelism in [1, 2] {
-                let mut algorithm = Algorithm::new(framework.clone(), 0, parallelism, Some(1));
-                cache.update_snapshot(algorithm.snapshot_mut());
-                let cycles = 300;
-                let began = Instant::now();
-                let mut hosts = Vec::new();
-                for _ in 0..cycles {
-                    let result = algorithm
-                        .schedule_pod(&mut CycleState::default(), &pod, &NoNominatedPods)
-                        .unwrap();
-                    hosts.push(result.suggested_host);
-                }
-                let per_cycle = began.elapsed() / cycles;
-                println!("{nodes} nodes, parallelism {parallelism}: {per_cycle:?} per cycle");
-                results.push(hosts);
-            }
-            assert_eq!(
-                results[0], results[1],
-                "same choices whatever the parallelism"
-            );
         }
     }
 

@@ -5,10 +5,9 @@
 //! 1. pop the next pod from the [`SchedulingQueue`] (highest priority, then oldest);
 //! 2. bring the cycle's snapshot up to date from the [`Cache`] — only the NodeInfos whose
 //!    generation moved are cloned, so the cache's lock is held for microseconds and the rest of
-//!    the cycle reads the snapshot without any lock (the seed's "The Scheduler Never Locks the
-//!    Cache");
+//!    the cycle reads the snapshot without any lock (`docs/tricks.md` #1);
 //! 3. run the [`Algorithm`]: PreFilter, Filter over a sample of the nodes from a rotating
-//!    start (the seed's "50 Minus N/125"), PreScore, Score, and a uniformly random pick among
+//!    start (`docs/tricks.md` #2, 50 - N/125), PreScore, Score, and a uniformly random pick among
 //!    the best;
 //! 4. no node: PostFilter, i.e. preemption (remove every victim, then reprieve), then a
 //!    `FailedScheduling` event, a `PodScheduled=False` condition, and the pod back to the queue
