@@ -97,6 +97,37 @@ fn session() -> Vec<Step> {
         step("alarm list"),
         step("put foo2 y -w json"),
         step("get foo2 -w json --rev=8"),
+        // Sorted ranges over ties: keys put by one txn share their mod and create revision
+        // and version. etcd's sort (Go's sort.Sort) keeps ties in key order up to 12 keys in
+        // both orders, and places them its own way above that.
+        step_in(
+            "txn",
+            "\n\nput s/a 1\nput s/b 2\nput s/c 1\nput s/d 2\n\n\n",
+        ),
+        step("put s/e 1"),
+        step("put s/b 3"),
+        step("get s/ --prefix --sort-by=MODIFY --order=DESCEND"),
+        step("get s/ --prefix --sort-by=MODIFY --order=ASCEND --keys-only"),
+        step("get s/ --prefix --sort-by=CREATE --order=DESCEND --keys-only"),
+        step("get s/ --prefix --sort-by=VERSION --order=DESCEND --keys-only"),
+        step("get s/ --prefix --sort-by=VERSION --keys-only"),
+        step("get s/ --prefix --sort-by=VALUE --order=DESCEND"),
+        step("get s/ --prefix --sort-by=MODIFY --order=DESCEND --limit=2 -w json"),
+        step_in(
+            "txn",
+            concat!(
+                "\n\n",
+                "put u/k00 2\nput u/k01 0\nput u/k02 1\nput u/k03 1\nput u/k04 2\n",
+                "put u/k05 0\nput u/k06 0\nput u/k07 2\nput u/k08 1\nput u/k09 0\n",
+                "put u/k10 2\nput u/k11 2\nput u/k12 1\nput u/k13 0\nput u/k14 1\n",
+                "put u/k15 2\nput u/k16 0\nput u/k17 1\nput u/k18 2\nput u/k19 1\n",
+                "\n\n",
+            ),
+        ),
+        step("get u/ --prefix --sort-by=VALUE --order=ASCEND --keys-only"),
+        step("get u/ --prefix --sort-by=VALUE --order=DESCEND --keys-only"),
+        step("get u/ --prefix --sort-by=MODIFY --order=DESCEND --keys-only"),
+        step("get --from-key s/ --sort-by=CREATE --order=DESCEND --keys-only"),
     ]
 }
 

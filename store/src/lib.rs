@@ -7,6 +7,7 @@
 //!   (put, delete-range, txn, compaction, lease grant/revoke) changes them.
 //! - [`wal`]: the write-ahead log that makes a batch durable with one `fdatasync`.
 //! - [`index`]: the in-memory key index (etcd's `treeIndex`).
+//! - [`gosort`]: Go's `sort.Sort`, so sorted ranges order ties as etcd does.
 //! - [`watch`]: the watch hub (synced / unsynced watchers, progress notifications).
 //! - [`lease`]: the lessor.
 //! - [`snapshot`]: snapshot stream format, restore, and install into a cluster member.
@@ -25,6 +26,7 @@
 //! the apiserver's paged LIST depends on.
 
 pub mod error;
+pub mod gosort;
 pub mod grpc;
 pub mod index;
 pub mod lease;
