@@ -58,6 +58,15 @@ pub enum StoreError {
     LearnerNotReady,
     #[error("etcdserver: too many learner members in cluster")]
     TooManyLearners,
+    /// A request only the leader serves (`MoveLeader`) reached another member.
+    #[error("etcdserver: not leader")]
+    NotLeader,
+    /// `MoveLeader`'s target is not a voting member.
+    #[error("etcdserver: bad leader transferee")]
+    BadLeaderTransferee,
+    /// Leadership did not move to `MoveLeader`'s target in time.
+    #[error("etcdserver: request timed out, leader transfer took too long")]
+    LeaderTransferTimeout,
     /// What this server cannot do; the text says what.
     #[error("{0}")]
     Unsupported(String),

@@ -892,6 +892,29 @@ impl Store {
         }
     }
 
+    /// Hands leadership to member `target` (etcd's `MoveLeader`, `etcdctl move-leader`):
+    /// only the leader takes it, the target must be a voting member, and the answer comes
+    /// once this member sees the target lead, or after [`REPLICATED_REQUEST_TIMEOUT`]
+    /// (`etcdserver: request timed out, leader transfer took too long`). A single store is
+    /// its own leader and only member: itself is the one target it accepts.
+    pub async fn move_leader(&self, target: u64) -> Result<(), StoreError> {
+        if !self.shared.replicated {
+            return if target == self.shared.member_id {
+                Ok(())
+            } else {
+                Err(StoreError::BadLeaderTransferee)
+            };
+        }
+        let replicator = self.shared.replicator.get().ok_or(StoreError::NoLeader)?;
+        let (reply, rx) = oneshot::channel();
+        replicator.move_leader(target, reply);
+        match tokio::time::timeout(REPLICATED_REQUEST_TIMEOUT, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(StoreError::Stopped),
+            Err(_) => Err(StoreError::LeaderTransferTimeout),
+        }
+    }
+
     /// Whether this member decides lease expiry (see [`Store::set_leadership`]).
     pub fn is_lease_authority(&self) -> bool {
         self.shared.lease_authority.load(Ordering::Acquire)

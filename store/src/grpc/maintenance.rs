@@ -171,14 +171,12 @@ impl Maintenance for EtcdApi {
         &self,
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        if request.get_ref().target_id != self.store.member_id() {
-            return Err(Status::failed_precondition(
-                "etcdserver: bad leader transferee",
-            ));
-        }
-        Ok(Response::new(MoveLeaderResponse {
-            header: Some(self.store.header(self.store.revision())),
-        }))
+        self.store
+            .move_leader(request.get_ref().target_id)
+            .await
+            .map_err(status)?;
+        // etcd answers with an empty response, no header.
+        Ok(Response::new(MoveLeaderResponse { header: None }))
     }
 }
 

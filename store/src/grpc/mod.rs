@@ -85,7 +85,11 @@ pub fn status(e: StoreError) -> tonic::Status {
         | StoreError::MemberNotLearner
         | StoreError::LearnerNotReady
         | StoreError::TooManyLearners
+        | StoreError::NotLeader
+        | StoreError::BadLeaderTransferee
         | StoreError::Unsupported(_) => Code::FailedPrecondition,
+        // etcd's `togRPCError` has no entry for it, so it goes out as Unknown.
+        StoreError::LeaderTransferTimeout => Code::Unknown,
         StoreError::MemberBadUrls => Code::InvalidArgument,
         StoreError::Stopped
         | StoreError::NoLeader

@@ -109,6 +109,11 @@ pub struct RunStats {
     pub partitions: u64,
     pub snapshots_installed: u64,
     pub members_replaced: u64,
+    /// Leadership transfers a client asked for (`MoveLeader`) that moved leadership.
+    pub leaders_moved: u64,
+    /// Those refused at once (not the leader, not a voter) or given up on in time.
+    pub transfers_refused: u64,
+    pub transfers_timed_out: u64,
     pub virtual_ms: u64,
 }
 
@@ -149,6 +154,14 @@ struct Client {
     pending: Option<(usize, Waiting, Nanos)>,
     next_at: Nanos,
     counter: u64,
+}
+
+/// A leadership transfer the nemesis asked a member for (etcd's `MoveLeader`), waiting.
+struct Transfer {
+    /// The member asked, and the member it should hand leadership to.
+    asked: usize,
+    target: u64,
+    rx: oneshot::Receiver<Result<(), StoreError>>,
 }
 
 /// A membership change the nemesis drives through a client-like request.
@@ -192,6 +205,7 @@ pub struct World {
     next_fault: Nanos,
     replacement: Replacement,
     replaced: bool,
+    transfers: Vec<Transfer>,
     divergences: Vec<String>,
     stats: RunStats,
     /// [`TICK_JITTER_PERCENT`], but for a test that makes members tick in step.
@@ -250,6 +264,7 @@ impl World {
             net_delay_fixed: None,
             replacement: Replacement::Idle,
             replaced: false,
+            transfers: Vec::new(),
             divergences: Vec::new(),
             stats: RunStats::default(),
             seed,
@@ -866,7 +881,96 @@ impl World {
                     && matches!(self.replacement, Replacement::Idle)
                 {
                     self.begin_replacement();
+                } else {
+                    self.move_leader();
                 }
+            }
+        }
+    }
+
+    /// Asks a member (the leader, most of the time) to hand leadership to another member
+    /// (a voter, most of the time), as `etcdctl move-leader` does, under whatever faults are
+    /// in force. A refusal must be the one the state at the time calls for; an answer of
+    /// success must come from a member that sees the target lead.
+    fn move_leader(&mut self) {
+        let live = self.live();
+        if live.is_empty() {
+            return;
+        }
+        let asked = match self.leader() {
+            Some(l) if self.chance(80) => l,
+            _ => live[self.rand_range(0, live.len() as u64) as usize],
+        };
+        let target = if self.chance(10) {
+            // No such member.
+            0xdead
+        } else {
+            let ids: Vec<u64> = self
+                .members
+                .iter()
+                .filter(|m| !m.gone)
+                .map(|m| m.id)
+                .collect();
+            ids[self.rand_range(0, ids.len() as u64) as usize]
+        };
+        let Some(core) = self.members[asked].core.as_ref() else {
+            return;
+        };
+        let leads = core.raw().raft.state == raft::StateRole::Leader;
+        let voter = core.raw().raft.prs().conf().voters().contains(target);
+        let expected = if !leads {
+            Some(Err(StoreError::NotLeader))
+        } else if !voter {
+            Some(Err(StoreError::BadLeaderTransferee))
+        } else if target == self.members[asked].id {
+            Some(Ok(()))
+        } else {
+            None
+        };
+        let (tx, mut rx) = oneshot::channel();
+        self.input(asked, Input::MoveLeader { target, reply: tx });
+        match (expected, rx.try_recv()) {
+            (Some(expected), Ok(answer)) if answer == expected => {
+                if answer.is_err() {
+                    self.stats.transfers_refused += 1;
+                }
+            }
+            (None, Err(oneshot::error::TryRecvError::Empty)) => {
+                self.transfers.push(Transfer { asked, target, rx });
+            }
+            (expected, answer) => self.divergences.push(format!(
+                "move-leader to {target:x} asked of {:x} (leads: {leads}, voter: {voter}): \
+                 expected {expected:?} at once, got {answer:?}",
+                self.members[asked].id
+            )),
+        }
+    }
+
+    /// Transfers answered since the last step: a success only from a member that sees the
+    /// target lead; a timeout, or a stop when the member asked crashed, are the others.
+    fn poll_transfers(&mut self) {
+        for mut transfer in std::mem::take(&mut self.transfers) {
+            match transfer.rx.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => self.transfers.push(transfer),
+                Ok(Ok(())) => {
+                    let seen = self.members[transfer.asked]
+                        .core
+                        .as_ref()
+                        .map(|c| c.status().leader);
+                    if seen != Some(transfer.target) {
+                        self.divergences.push(format!(
+                            "move-leader to {:x} answered success while {:x} sees leader {seen:x?}",
+                            transfer.target, self.members[transfer.asked].id
+                        ));
+                    }
+                    self.stats.leaders_moved += 1;
+                }
+                Ok(Err(StoreError::LeaderTransferTimeout)) => self.stats.transfers_timed_out += 1,
+                Ok(Err(StoreError::Stopped)) | Err(oneshot::error::TryRecvError::Closed) => {}
+                Ok(Err(e)) => self.divergences.push(format!(
+                    "move-leader to {:x} failed with {e}",
+                    transfer.target
+                )),
             }
         }
     }
@@ -1202,6 +1306,7 @@ impl World {
         }
         self.poll_clients();
         self.poll_replacement();
+        self.poll_transfers();
     }
 
     /// Runs the schedule, then heals every fault and lets the cluster settle, and reads the
