@@ -31,6 +31,12 @@ pub enum StoreError {
     LeaseExists,
     #[error("etcdserver: too large lease TTL")]
     LeaseTtlTooLarge,
+    /// A member's backend is past its space quota, or the `NOSPACE` alarm is active.
+    #[error("etcdserver: mvcc: database space exceeded")]
+    NoSpace,
+    /// The `CORRUPT` alarm is active.
+    #[error("etcdserver: corrupt cluster")]
+    Corrupt,
     #[error("etcdserver: server stopped")]
     Stopped,
     /// The cluster has no leader (an election is under way, or this member is cut off).

@@ -10,6 +10,8 @@
 //! - [`gosort`]: Go's `sort.Sort`, so sorted ranges order ties as etcd does.
 //! - [`watch`]: the watch hub (synced / unsynced watchers, progress notifications).
 //! - [`lease`]: the lessor.
+//! - [`quota`] and [`alarm`]: etcd's space quota, and the alarms (`NOSPACE`, `CORRUPT`) that
+//!   stop writes cluster-wide until they are cleared.
 //! - [`snapshot`]: snapshot stream format, restore, and install into a cluster member.
 //! - [`sync_store`]: the same state machine without threads, files or clocks, over redb in
 //!   memory, for the Raft layer's deterministic simulation.
@@ -25,6 +27,7 @@
 //! the apiserver's compactor (a CAS on a magic key) moves, and `count` on limited ranges that
 //! the apiserver's paged LIST depends on.
 
+pub mod alarm;
 pub mod error;
 pub mod gosort;
 pub mod grpc;
@@ -32,6 +35,7 @@ pub mod index;
 pub mod lease;
 pub mod mvcc;
 pub mod pb;
+pub mod quota;
 pub mod replication;
 pub mod rev;
 pub mod snapshot;

@@ -10,6 +10,8 @@
 //! - `leases`: lease id -> granted TTL in seconds.
 //! - `members`: member id -> `Member` (name, client and peer URLs, learner), outside the
 //!   keyspace: no revision, no watch event.
+//! - `alarms`: `(alarm type, member id)` -> nothing: the active alarms (see
+//!   [`crate::alarm`]), outside the keyspace.
 //! - `raft`: what the replicated log asks the store to keep in step with the applied index,
 //!   as opaque bytes: `conf_state` (raft-rs's encoded `ConfState` after the last membership
 //!   change) and `snapshot_index`/`snapshot_term` (u64 big-endian) of the last installed
@@ -26,6 +28,7 @@ use parking_lot::{Mutex, RwLock};
 use prost::Message;
 use redb::{ReadableTable, TableDefinition};
 
+use crate::alarm::Alarms;
 use crate::error::StoreError;
 use crate::gosort::sort_like_go;
 use crate::index::{KeyIndex, KeyRange};
@@ -42,6 +45,7 @@ use crate::rev::Rev;
 pub(crate) type KvTable<'a> = redb::Table<'a, (u64, u64), &'static [u8]>;
 pub(crate) type MembersTable<'a> = redb::Table<'a, u64, &'static [u8]>;
 pub(crate) type RaftTable<'a> = redb::Table<'a, &'static str, &'static [u8]>;
+pub(crate) type AlarmsTable<'a> = redb::Table<'a, (i32, u64), ()>;
 
 pub(crate) const KV: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("kv");
 pub(crate) const LEASES: TableDefinition<i64, i64> = TableDefinition::new("leases");
@@ -49,6 +53,9 @@ pub(crate) const LEASES: TableDefinition<i64, i64> = TableDefinition::new("lease
 /// `MemberAttributes` read as a `Member` (its fields 1-3 are the same). Not part of the
 /// keyspace: no revision, no watch event.
 pub(crate) const MEMBERS: TableDefinition<u64, &[u8]> = TableDefinition::new("members");
+/// Active alarms: `(alarm type, member id)`, the type as etcd's `AlarmType` number. Raised and
+/// cleared by log commands, so every member holds the same rows at the same applied index.
+pub(crate) const ALARMS: TableDefinition<(i32, u64), ()> = TableDefinition::new("alarms");
 /// The replicated log's own records, kept in the same transactions as the applied index so
 /// they always match it. Opaque bytes: the store knows nothing of Raft.
 pub(crate) const RAFT: TableDefinition<&str, &[u8]> = TableDefinition::new("raft");
@@ -137,6 +144,9 @@ pub(crate) struct Mvcc {
     /// Leases and the keys attached to them. Written by the writer, read by keep-alives.
     /// A plain mutex: keep-alive is a map lookup.
     pub lessor: Mutex<Lessor>,
+    /// The active alarms as the apply path sees them (ahead of what readers are shown until
+    /// the batch is published). Written and read by the writer only.
+    pub alarms: Mutex<Alarms>,
 }
 
 impl Mvcc {

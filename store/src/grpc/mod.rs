@@ -91,6 +91,8 @@ pub fn status(e: StoreError) -> tonic::Status {
         // etcd's `togRPCError` has no entry for it, so it goes out as Unknown.
         StoreError::LeaderTransferTimeout => Code::Unknown,
         StoreError::MemberBadUrls => Code::InvalidArgument,
+        StoreError::NoSpace => Code::ResourceExhausted,
+        StoreError::Corrupt => Code::DataLoss,
         StoreError::Stopped
         | StoreError::NoLeader
         | StoreError::LeaderChanged
