@@ -921,3 +921,141 @@ fn etcdctl_move_leader_hands_leadership_over_and_refuses_as_etcd_does() {
     assert!(out.status.success(), "{:?}", outcome(&out));
     assert_eq!(cluster.wait_for_leader(None), target);
 }
+
+/// Writes `fill/0` .. `fill/9` over and over with 16 KiB values through `endpoint` until the
+/// cluster refuses for want of space; returns each key's last acknowledged value.
+fn fill_until_refused(endpoint: &str) -> Vec<String> {
+    let mut last = vec![String::new(); 10];
+    for round in 0..2_000 {
+        let value = format!("{round:05}-{}", "v".repeat(16 * 1024));
+        let out = etcdctl_raw(endpoint, &["put", &format!("fill/{}", round % 10), &value]);
+        if out.status.success() {
+            last[round % 10] = value;
+            continue;
+        }
+        assert_eq!(
+            outcome(&out).2,
+            "Error: etcdserver: mvcc: database space exceeded",
+            "{:?}",
+            outcome(&out)
+        );
+        assert!(round > 10, "refused after {round} writes");
+        return last;
+    }
+    panic!("2,000 writes of 16 KiB fit in a 1 MiB quota");
+}
+
+/// Member `i` refuses a write with etcd's out-of-space error and reads every `fill/N` key as
+/// last written.
+fn check_out_of_space(cluster: &Cluster, i: usize, last: &[String]) {
+    let endpoint = cluster.member(i).endpoint();
+    let out = etcdctl_raw(&endpoint, &["put", "x", "y"]);
+    assert_eq!(
+        outcome(&out),
+        (
+            false,
+            String::new(),
+            "Error: etcdserver: mvcc: database space exceeded".into()
+        ),
+        "member {i}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("code = ResourceExhausted"));
+    for (key, value) in last.iter().enumerate() {
+        assert_eq!(
+            etcdctl(
+                &endpoint,
+                &["get", &format!("fill/{key}"), "--print-value-only"]
+            ),
+            format!("{value}\n"),
+            "member {i}, fill/{key}"
+        );
+    }
+}
+
+#[test]
+fn a_cluster_out_of_space_refuses_writes_on_every_member_until_disarmed() {
+    let mut cluster = Cluster::start_with(&["--quota-backend-bytes", "1048576"]);
+    let leader = cluster.wait_for_leader(None);
+    let ids: Vec<u64> = (0..3)
+        .map(|i| own_id(&cluster.member(i).endpoint()))
+        .collect();
+    let follower = (leader + 1) % 3;
+    let out = etcdctl_raw(
+        &cluster.member(follower).endpoint(),
+        &["put", "scratch", "1"],
+    );
+    assert!(out.status.success(), "{:?}", outcome(&out));
+    let last = fill_until_refused(&cluster.member(follower).endpoint());
+
+    // The alarm is the cluster's: every member refuses writes (a member past its own quota
+    // raises its own alarm as it refuses), and every member lists the same alarms.
+    for i in 0..3 {
+        check_out_of_space(&cluster, i, &last);
+    }
+    let alarms = etcdctl(&cluster.member(leader).endpoint(), &["alarm", "list"]);
+    assert!(!alarms.is_empty());
+    for line in alarms.lines() {
+        let id: u64 = line
+            .strip_prefix("memberID:")
+            .and_then(|rest| rest.strip_suffix(" alarm:NOSPACE "))
+            .and_then(|id| id.parse().ok())
+            .unwrap_or_else(|| panic!("not an alarm line: {line:?}"));
+        assert!(ids.contains(&id), "{line}");
+    }
+    for i in 0..3 {
+        let listed = etcdctl(&cluster.member(i).endpoint(), &["alarm", "list"]);
+        assert_eq!(listed, alarms, "member {i}");
+    }
+    // Deletes go on.
+    assert_eq!(
+        etcdctl(&cluster.member(leader).endpoint(), &["del", "scratch"]),
+        "1\n"
+    );
+    // A member that restarts keeps the alarm and goes on refusing.
+    let restarted = (leader + 2) % 3;
+    assert!(
+        !cluster.members[restarted]
+            .take()
+            .expect("running")
+            .kill()
+            .success()
+    );
+    cluster.start_member(restarted);
+    cluster.wait_for_leader(None);
+    check_out_of_space(&cluster, restarted, &last);
+    let listed = etcdctl(&cluster.member(restarted).endpoint(), &["alarm", "list"]);
+    assert_eq!(listed, alarms, "member {restarted} after its restart");
+
+    // Compaction and defragmentation of every member free the space; disarmed, every
+    // member takes writes again, and nothing written before is lost.
+    let all = cluster.endpoints();
+    let out = etcdctl(
+        &cluster.member(leader).endpoint(),
+        &["get", "fill/0", "-w", "json"],
+    );
+    let parsed: serde_json::Value = serde_json::from_str(&out).expect("get json");
+    let revision = parsed["header"]["revision"].as_i64().expect("revision");
+    let out = etcdctl_raw(&all, &["compact", &revision.to_string(), "--physical"]);
+    assert!(out.status.success(), "{:?}", outcome(&out));
+    let out = etcdctl_raw(&all, &["defrag"]);
+    assert!(out.status.success(), "{:?}", outcome(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 3);
+    let out = etcdctl_raw(&all, &["alarm", "disarm"]);
+    assert_eq!(outcome(&out), (true, alarms.clone(), String::new()));
+    for i in 0..3 {
+        let endpoint = cluster.member(i).endpoint();
+        assert_eq!(etcdctl(&endpoint, &["alarm", "list"]), "", "member {i}");
+        let out = etcdctl_raw(&endpoint, &["put", &format!("after/{i}"), "y"]);
+        assert!(out.status.success(), "member {i}: {:?}", outcome(&out));
+        for (key, value) in last.iter().enumerate() {
+            assert_eq!(
+                etcdctl(
+                    &endpoint,
+                    &["get", &format!("fill/{key}"), "--print-value-only"]
+                ),
+                format!("{value}\n"),
+                "member {i}, fill/{key}"
+            );
+        }
+    }
+}

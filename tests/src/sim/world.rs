@@ -18,8 +18,8 @@ use skerry_store::CommandResult;
 use skerry_store::StoreError;
 use skerry_store::pb::command::{Command, Member as MemberRecord, command::Command as Cmd};
 use skerry_store::pb::etcdserverpb::{
-    Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, compare,
-    request_op,
+    AlarmRequest, AlarmType, Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp,
+    TxnRequest, alarm_request::AlarmAction, compare, request_op,
 };
 use skerry_store::replication::MembershipChange;
 use skerry_store::sync_store::SyncStore;
@@ -114,6 +114,9 @@ pub struct RunStats {
     /// Those refused at once (not the leader, not a voter) or given up on in time.
     pub transfers_refused: u64,
     pub transfers_timed_out: u64,
+    /// Alarms (`NOSPACE`, `CORRUPT`) proposed, and clearings of them.
+    pub alarms_raised: u64,
+    pub alarms_cleared: u64,
     pub virtual_ms: u64,
 }
 
@@ -206,6 +209,8 @@ pub struct World {
     replacement: Replacement,
     replaced: bool,
     transfers: Vec<Transfer>,
+    /// The alarm the nemesis raised last and has not cleared since, if any.
+    alarm: Option<(u64, AlarmType)>,
     divergences: Vec<String>,
     stats: RunStats,
     /// [`TICK_JITTER_PERCENT`], but for a test that makes members tick in step.
@@ -265,6 +270,7 @@ impl World {
             replacement: Replacement::Idle,
             replaced: false,
             transfers: Vec::new(),
+            alarm: None,
             divergences: Vec::new(),
             stats: RunStats::default(),
             seed,
@@ -696,6 +702,12 @@ impl World {
                 Waiting::Write(mut rx) => match rx.try_recv() {
                     Ok(Ok(result)) => Some((answer_of(&result), false)),
                     Ok(Err(StoreError::NoLeader)) => Some((Outcome::Failed, true)),
+                    // Refused by an alarm applier before anything was written. (A member
+                    // past its space quota answers NoSpace for a write it did apply; the
+                    // simulated stores have no quota, so here NoSpace is always a refusal.)
+                    Ok(Err(StoreError::NoSpace | StoreError::Corrupt)) => {
+                        Some((Outcome::Failed, false))
+                    }
                     Ok(Err(_)) => Some((Outcome::Unknown, true)),
                     Err(oneshot::error::TryRecvError::Closed) => Some((Outcome::Unknown, true)),
                     Err(oneshot::error::TryRecvError::Empty) => {
@@ -881,8 +893,10 @@ impl World {
                     && matches!(self.replacement, Replacement::Idle)
                 {
                     self.begin_replacement();
-                } else {
+                } else if self.chance(50) {
                     self.move_leader();
+                } else {
+                    self.toggle_alarm();
                 }
             }
         }
@@ -944,6 +958,45 @@ impl World {
                 self.members[asked].id
             )),
         }
+    }
+
+    /// Raises an alarm (mostly `NOSPACE`, sometimes `CORRUPT`) through a member, as a
+    /// member past its quota or a client (`Maintenance.Alarm`) does, or clears the one
+    /// raised before. While it is active, writes are refused by the alarm appliers on every
+    /// member alike; clients count those refusals as failed, since nothing was written.
+    fn toggle_alarm(&mut self) {
+        let live = self.live();
+        if live.is_empty() {
+            return;
+        }
+        let via = live[self.rand_range(0, live.len() as u64) as usize];
+        let (action, member, alarm) = match self.alarm.take() {
+            Some((member, alarm)) => {
+                self.stats.alarms_cleared += 1;
+                (AlarmAction::Deactivate, member, alarm)
+            }
+            None => {
+                let alarm = if self.chance(20) {
+                    AlarmType::Corrupt
+                } else {
+                    AlarmType::Nospace
+                };
+                let member = self.members[via].id;
+                self.alarm = Some((member, alarm));
+                self.stats.alarms_raised += 1;
+                (AlarmAction::Activate, member, alarm)
+            }
+        };
+        let command = Command {
+            command: Some(Cmd::Alarm(AlarmRequest {
+                action: action as i32,
+                member_id: member,
+                alarm: alarm as i32,
+            })),
+        };
+        // Not waited for: a proposal lost in a leader change is as if never made.
+        let (tx, _rx) = oneshot::channel();
+        self.input(via, Input::Propose { command, reply: tx });
     }
 
     /// Transfers answered since the last step: a success only from a member that sees the
@@ -1392,6 +1445,7 @@ impl World {
             (store.applied_index(), store.revision())
         };
         let reference = self.members[leader].store.borrow().history(2, revision);
+        let reference_alarms = self.members[leader].store.borrow().alarms();
         for (i, m) in self.members.iter().enumerate() {
             if i == leader || m.core.is_none() {
                 continue;
@@ -1412,6 +1466,13 @@ impl World {
                     store.revision()
                 ));
                 continue;
+            }
+            if store.alarms() != reference_alarms {
+                self.divergences.push(format!(
+                    "member {:x}'s alarms {:?} differ from the leader's {reference_alarms:?}",
+                    m.id,
+                    store.alarms()
+                ));
             }
             let from = store.compact_revision().max(1) + 1;
             let mine = store.history(from, revision);
