@@ -17,11 +17,15 @@
 //! 64 bytes for a lease.
 //!
 //! The backend's size is the length of the redb file: the `DB SIZE` `etcdctl endpoint
-//! status` shows, as etcd's quota measures what etcd shows there. redb grows its file by
-//! doubling it (up to its 4 GiB regions), so the file can pass the quota by up to the growth
-//! that passed it, and from then on writes are refused while what the file holds may be a
-//! little over half of it; compaction frees pages inside the file, and defragmentation gives
-//! them back and shrinks the file.
+//! status` shows, as etcd's quota measures what etcd shows there. Other measures were
+//! weighed: redb's count of allocated pages walks every tree (too dear per write), and the
+//! file's allocated blocks lag by whatever redb holds in its write buffer between durable
+//! commits. The length's cost is its coarseness: redb grows the file by doubling it (up to
+//! its 4 GiB regions) and shrinks it when a commit leaves the trailing half free, so the file
+//! can pass the quota by up to the growth that passed it, and writes stop while what the
+//! file holds may be a little over half the quota (about 1.2 GB under the 2 GiB default).
+//! Compaction frees pages inside the file, and defragmentation gives them back and shrinks
+//! the file.
 
 use crate::pb::etcdserverpb::{PutRequest, RequestOp, TxnRequest, request_op};
 

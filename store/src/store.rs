@@ -2111,10 +2111,13 @@ impl Writer {
         self.shared
             .applied_watch
             .send_replace(self.cursor.applied_index);
-        for &position in &applied.over_quota {
-            if commands[position].reply.is_none() {
-                self.raise_nospace_for_entry();
-            }
+        // One raise per batch is enough: applying it again would change nothing.
+        if applied
+            .over_quota
+            .iter()
+            .any(|&position| commands[position].reply.is_none())
+        {
+            self.raise_nospace_for_entry();
         }
         for (pending, result) in commands.into_iter().zip(applied.results) {
             let Some(reply) = pending.reply else {
@@ -2224,6 +2227,8 @@ impl Writer {
             }
             txn.commit()?;
         }
+        // A durable commit may give the file's free tail back.
+        self.measure();
         self.checkpointed()
     }
 
