@@ -150,6 +150,12 @@ struct ServerArgs {
     /// directory to share one CA.
     #[arg(long)]
     pki_dir: Option<PathBuf>,
+    /// The space quota in bytes (etcd's flag): past it this member raises the cluster-wide
+    /// NOSPACE alarm and writes are refused until `etcdctl alarm disarm`. 0 is etcd's
+    /// default (2 GiB), a negative number disables the quota. It bounds the store file's
+    /// length (the DB SIZE of `etcdctl endpoint status`), which grows by doubling.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    quota_backend_bytes: i64,
     /// Interval of watch progress notifications (etcd's flag; e.g. 10m, 5s, 500ms).
     #[arg(long = "experimental-watch-progress-notify-interval", default_value = "10m", value_parser = parse_duration)]
     progress_notify_interval: Duration,
@@ -407,6 +413,18 @@ fn server(args: ServerArgs) -> Result<()> {
         };
         let mut config = StoreConfig::new(&data_dir);
         config.progress_notify_interval = args.progress_notify_interval;
+        config.quota = skerry_store::quota::quota_from_flag(args.quota_backend_bytes);
+        match config.quota {
+            None => info!("backend quota disabled (--quota-backend-bytes < 0)"),
+            Some(bytes) if bytes > skerry_store::quota::QUOTA_BYTES_SUGGESTED_MAX => {
+                tracing::warn!(
+                    quota_bytes = bytes,
+                    suggested_max_bytes = skerry_store::quota::QUOTA_BYTES_SUGGESTED_MAX,
+                    "backend quota above the suggested maximum"
+                )
+            }
+            Some(bytes) => info!(quota_bytes = bytes, "backend quota enabled"),
+        }
         let store_exists = data_dir.join(skerry_store::store::DB_FILE_NAME).exists();
         if let Some(cluster) = cluster.as_mut() {
             config.replicated = true;

@@ -1,6 +1,7 @@
 //! Differential test: the same etcdctl session against a real etcd 3.4 and against skerry,
 //! outputs compared line by line. etcd is the reference for every detail a client can see;
-//! this catches differences nobody thought to write an expectation for.
+//! this catches differences nobody thought to write an expectation for. A second session
+//! runs both servers out of space under the same small quota and compares what they say.
 //!
 //! Needs `/usr/bin/etcd` (Debian's `etcd-server`, which `.ci/run` installs) besides etcdctl.
 //! Only what differs by nature is masked: cluster and member ids, lease ids, the Raft term,
@@ -97,12 +98,47 @@ fn session() -> Vec<Step> {
         step("alarm list"),
         step("put foo2 y -w json"),
         step("get foo2 -w json --rev=8"),
+        // Sorted ranges over ties: keys put by one txn share their mod and create revision
+        // and version. etcd's sort (Go's sort.Sort) keeps ties in key order up to 12 keys in
+        // both orders, and places them its own way above that.
+        step_in(
+            "txn",
+            "\n\nput s/a 1\nput s/b 2\nput s/c 1\nput s/d 2\n\n\n",
+        ),
+        step("put s/e 1"),
+        step("put s/b 3"),
+        step("get s/ --prefix --sort-by=MODIFY --order=DESCEND"),
+        step("get s/ --prefix --sort-by=MODIFY --order=ASCEND --keys-only"),
+        step("get s/ --prefix --sort-by=CREATE --order=DESCEND --keys-only"),
+        step("get s/ --prefix --sort-by=VERSION --order=DESCEND --keys-only"),
+        step("get s/ --prefix --sort-by=VERSION --keys-only"),
+        step("get s/ --prefix --sort-by=VALUE --order=DESCEND"),
+        step("get s/ --prefix --sort-by=MODIFY --order=DESCEND --limit=2 -w json"),
+        step_in(
+            "txn",
+            concat!(
+                "\n\n",
+                "put u/k00 2\nput u/k01 0\nput u/k02 1\nput u/k03 1\nput u/k04 2\n",
+                "put u/k05 0\nput u/k06 0\nput u/k07 2\nput u/k08 1\nput u/k09 0\n",
+                "put u/k10 2\nput u/k11 2\nput u/k12 1\nput u/k13 0\nput u/k14 1\n",
+                "put u/k15 2\nput u/k16 0\nput u/k17 1\nput u/k18 2\nput u/k19 1\n",
+                "\n\n",
+            ),
+        ),
+        step("get u/ --prefix --sort-by=VALUE --order=ASCEND --keys-only"),
+        step("get u/ --prefix --sort-by=VALUE --order=DESCEND --keys-only"),
+        step("get u/ --prefix --sort-by=MODIFY --order=DESCEND --keys-only"),
+        step("get --from-key s/ --sort-by=CREATE --order=DESCEND --keys-only"),
     ]
 }
 
 fn run_session(endpoint: &str, url: &str) -> Vec<String> {
+    run_steps(session(), endpoint, url)
+}
+
+fn run_steps(steps: Vec<Step>, endpoint: &str, url: &str) -> Vec<String> {
     let mut transcript = Vec::new();
-    for s in session() {
+    for s in steps {
         let endless = s.endless;
         let mut command = if endless {
             let mut c = Command::new("timeout");
@@ -153,6 +189,8 @@ fn mask(text: &str, endpoint: &str, url: &str) -> String {
         "\"member_id\":",
         "\"raft_term\":",
         "\"ID\":",
+        "\"memberID\":",
+        "memberID:",
     ] {
         let mut masked = String::new();
         let mut rest = out.as_str();
@@ -192,7 +230,7 @@ impl Drop for Etcd {
     }
 }
 
-fn start_etcd(dir: &Path) -> (Etcd, u16) {
+fn start_etcd(dir: &Path, extra: &[&str]) -> (Etcd, u16) {
     assert!(
         Path::new("/usr/bin/etcd").exists(),
         "this test compares with a real etcd 3.4: apt-get install etcd-server"
@@ -209,6 +247,7 @@ fn start_etcd(dir: &Path) -> (Etcd, u16) {
             "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
         ))
         .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer}"))
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -234,7 +273,7 @@ fn start_etcd(dir: &Path) -> (Etcd, u16) {
 #[test]
 fn an_etcdctl_session_reads_the_same_from_skerry_and_etcd() {
     let etcd_dir = tempfile::tempdir().expect("tempdir");
-    let (etcd, etcd_port) = start_etcd(etcd_dir.path());
+    let (etcd, etcd_port) = start_etcd(etcd_dir.path(), &[]);
     let etcd_endpoint = format!("127.0.0.1:{etcd_port}");
     let reference = run_session(&etcd_endpoint, &format!("http://{etcd_endpoint}"));
     drop(etcd);
@@ -244,6 +283,131 @@ fn an_etcdctl_session_reads_the_same_from_skerry_and_etcd() {
     let ours = run_session(&skerry.endpoint(), &skerry.url());
 
     // Shown with --nocapture, and with the failure.
+    eprintln!("{}", ours.join("\n"));
+    assert_eq!(reference.len(), ours.len());
+    let mut differences = Vec::new();
+    for (theirs, ours) in reference.iter().zip(&ours) {
+        if theirs != ours {
+            differences.push(format!("--- etcd\n{theirs}\n+++ skerry\n{ours}"));
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "skerry differs from etcd 3.4:\n{}",
+        differences.join("\n\n")
+    );
+}
+
+/// The quota both servers get in the out-of-space comparison: 1 MiB.
+const SMALL_QUOTA: &str = "--quota-backend-bytes=1048576";
+
+/// etcdctl run for the harness, outside the compared transcript.
+fn etcdctl(endpoint: &str, args: &[&str]) -> std::process::Output {
+    Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .arg("--command-timeout=5s")
+        .args(args)
+        .output()
+        .expect("run etcdctl")
+}
+
+/// Overwrites ten keys with 16 KiB values until the server refuses one for want of space.
+/// The two servers take different numbers of writes (their files differ), so this is not
+/// part of what is compared; what each says from then on is.
+fn fill_until_refused(endpoint: &str) {
+    for round in 0..2_000 {
+        let value = format!("{round:05}-{}", "v".repeat(16 * 1024));
+        let out = etcdctl(endpoint, &["put", &format!("fill/{}", round % 10), &value]);
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains("database space exceeded"),
+                "{endpoint}: {stderr}"
+            );
+            return;
+        }
+    }
+    panic!("{endpoint}: 2,000 writes of 16 KiB fit in a 1 MiB quota");
+}
+
+/// Compacts at the current revision and defragments: the harness frees space between the
+/// two compared halves (the revision differs between the servers).
+fn compact_and_defragment(endpoint: &str) {
+    let out = etcdctl(endpoint, &["get", "fill/0", "-w", "json"]);
+    let parsed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("get json");
+    let revision = parsed["header"]["revision"].as_i64().expect("revision");
+    for args in [
+        vec![
+            "compact".to_string(),
+            revision.to_string(),
+            "--physical".into(),
+        ],
+        vec!["defrag".to_string()],
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = etcdctl(endpoint, &args);
+        assert!(
+            out.status.success(),
+            "{endpoint} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// What a server says once it is out of space: the refusals, the alarm, reads and deletes.
+fn out_of_space() -> Vec<Step> {
+    vec![
+        step("put x y"),
+        step("put x y -w json"),
+        step("lease grant 10"),
+        step_in("txn", "\nput x y\n\n\n"),
+        step_in("txn", "\nget scratch\n\n\n"),
+        step("alarm list"),
+        step("alarm list -w json"),
+        step("get scratch"),
+        step("del scratch"),
+        step("get fill/ --prefix --keys-only"),
+    ]
+}
+
+/// What it says once space was freed: refused until disarmed, then writing again.
+fn disarmed() -> Vec<Step> {
+    vec![
+        step("put x y"),
+        step("alarm disarm"),
+        step("alarm disarm -w json"),
+        step("alarm list"),
+        step("alarm list -w json"),
+        step("put x y"),
+        step("get x"),
+        step("get fill/ --prefix --keys-only"),
+    ]
+}
+
+/// Both halves of the out-of-space session against one server: write a key, fill, compare,
+/// free space, compare.
+fn run_out_of_space(endpoint: &str, url: &str) -> Vec<String> {
+    assert!(etcdctl(endpoint, &["put", "scratch", "1"]).status.success());
+    fill_until_refused(endpoint);
+    let mut transcript = run_steps(out_of_space(), endpoint, url);
+    compact_and_defragment(endpoint);
+    transcript.extend(run_steps(disarmed(), endpoint, url));
+    transcript
+}
+
+#[test]
+fn out_of_space_reads_the_same_from_skerry_and_etcd() {
+    let etcd_dir = tempfile::tempdir().expect("tempdir");
+    let (etcd, etcd_port) = start_etcd(etcd_dir.path(), &[SMALL_QUOTA]);
+    let etcd_endpoint = format!("127.0.0.1:{etcd_port}");
+    let reference = run_out_of_space(&etcd_endpoint, &format!("http://{etcd_endpoint}"));
+    drop(etcd);
+
+    let skerry_dir = tempfile::tempdir().expect("tempdir");
+    let skerry = Server::start_with_args(&skerry_dir.path().join("data"), &[SMALL_QUOTA]);
+    let ours = run_out_of_space(&skerry.endpoint(), &skerry.url());
+
     eprintln!("{}", ours.join("\n"));
     assert_eq!(reference.len(), ours.len());
     let mut differences = Vec::new();

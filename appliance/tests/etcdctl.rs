@@ -1154,3 +1154,144 @@ fn http_scheme_endpoints() {
         assert!(out.status.success(), "{command:?}: {}", out.combined());
     }
 }
+
+/// The small quota the space tests use: 1 MiB.
+const SMALL_QUOTA: &str = "1048576";
+
+/// Writes `fill/0` .. `fill/9` over and over with 16 KiB values until the server refuses
+/// with etcd's out-of-space error, recording each key's last acknowledged value in `last`;
+/// returns how many writes were taken. History piles up (every overwrite is kept until
+/// compaction), which is what a compaction then frees.
+fn fill_until_refused(ctl: &Etcdctl, last: &mut [String]) -> usize {
+    for round in 0..2_000 {
+        let key = round % 10;
+        let value = format!("{round:05}-{}", "v".repeat(16 * 1024));
+        let out = ctl.run(&["put", &format!("fill/{key}"), &value]);
+        if out.status.success() {
+            last[key] = value;
+            continue;
+        }
+        assert!(
+            out.stderr
+                .contains("Error: etcdserver: mvcc: database space exceeded"),
+            "{}",
+            out.combined()
+        );
+        assert!(
+            out.stderr.contains("code = ResourceExhausted"),
+            "{}",
+            out.combined()
+        );
+        return round;
+    }
+    panic!("2,000 writes of 16 KiB fit in a 1 MiB quota");
+}
+
+/// Every `fill/N` key holds its last acknowledged value.
+fn assert_fill_kept(ctl: &Etcdctl, last: &[String]) {
+    for (key, value) in last.iter().enumerate() {
+        assert_eq!(
+            ctl.ok(&["get", &format!("fill/{key}"), "--print-value-only"]),
+            format!("{value}\n"),
+            "fill/{key}"
+        );
+    }
+}
+
+#[test]
+fn past_the_space_quota_writes_stop_until_compact_defrag_and_disarm() {
+    let dir = temp_dir();
+    let data_dir = dir.path().join("data");
+    let quota = ["--quota-backend-bytes", SMALL_QUOTA];
+    let server = Server::start_with_args(&data_dir, &quota);
+    let ctl = Etcdctl::new(&server);
+    let member = ctl.json(&["endpoint", "status"])[0]["Status"]["header"]["member_id"]
+        .as_u64()
+        .expect("a member id");
+    let alarm = format!("memberID:{member} alarm:NOSPACE ");
+    ctl.ok(&["put", "scratch", "1"]);
+    assert_eq!(ctl.ok(&["alarm", "list"]), "");
+
+    let mut last = vec![String::new(); 10];
+    let taken = fill_until_refused(&ctl, &mut last);
+    assert!(taken > 10, "refused after {taken} writes");
+    // The alarm is raised: every write that costs something is refused, with etcd's texts.
+    ctl.fails(
+        &["put", "x", "y"],
+        "Error: etcdserver: mvcc: database space exceeded",
+    );
+    ctl.fails(
+        &["lease", "grant", "10"],
+        "Error: failed to grant lease (etcdserver: mvcc: database space exceeded)",
+    );
+    ctl.fails_with_stdin(
+        &["txn"],
+        b"\nput x y\n\n\n",
+        "Error: etcdserver: mvcc: database space exceeded",
+    );
+    // The alarm, as etcdctl lists it and as `endpoint status` reports it.
+    assert_eq!(ctl.ok(&["alarm", "list"]), format!("{alarm}\n"));
+    assert_eq!(
+        ctl.json(&["alarm", "list"]),
+        serde_json::json!({"alarms": [{"memberID": member, "alarm": 1}]})
+    );
+    let status = ctl.json(&["endpoint", "status"]);
+    assert_eq!(
+        status[0]["Status"]["errors"],
+        serde_json::json!([alarm]),
+        "{status}"
+    );
+    // Reads, read-only txns and deletes go on.
+    assert_fill_kept(&ctl, &last);
+    assert_eq!(
+        ctl.ok_with_stdin(&["txn"], b"\nget scratch\n\n\n"),
+        "SUCCESS\n\nscratch\n1\n"
+    );
+    assert_eq!(ctl.ok(&["del", "scratch"]), "1\n");
+
+    // A member that restarts keeps the alarm.
+    assert!(!server.kill().success());
+    let server = Server::start_with_args(&data_dir, &quota);
+    let ctl = Etcdctl::new(&server);
+    assert_eq!(ctl.ok(&["alarm", "list"]), format!("{alarm}\n"));
+    ctl.fails(
+        &["put", "x", "y"],
+        "etcdserver: mvcc: database space exceeded",
+    );
+    assert_fill_kept(&ctl, &last);
+
+    // Disarmed without freeing anything: writes soon pass the quota again, and raise it.
+    assert_eq!(ctl.ok(&["alarm", "disarm"]), format!("{alarm}\n"));
+    assert_eq!(ctl.ok(&["alarm", "list"]), "");
+    fill_until_refused(&ctl, &mut last);
+    assert_eq!(ctl.ok(&["alarm", "list"]), format!("{alarm}\n"));
+
+    // Compaction frees the overwritten history, defragmentation gives the space back, and
+    // once disarmed the store takes writes again, having lost nothing.
+    let revision = ctl.revision();
+    assert_eq!(
+        ctl.ok(&["compact", &revision.to_string(), "--physical"]),
+        format!("compacted revision {revision}\n")
+    );
+    assert_eq!(
+        ctl.ok(&["defrag"]),
+        format!(
+            "Finished defragmenting etcd member[{}]\n",
+            server.endpoint()
+        )
+    );
+    let size = int(&ctl.json(&["endpoint", "status"])[0]["Status"]["dbSize"]);
+    assert!(size < 1024 * 1024, "{size} bytes after defrag");
+    ctl.fails(
+        &["put", "x", "y"],
+        "etcdserver: mvcc: database space exceeded",
+    );
+    assert_eq!(ctl.ok(&["alarm", "disarm"]), format!("{alarm}\n"));
+    assert_eq!(ctl.ok(&["alarm", "disarm"]), "", "nothing left to disarm");
+    assert_eq!(ctl.ok(&["alarm", "list"]), "");
+    assert_eq!(ctl.ok(&["put", "x", "y"]), "OK\n");
+    granted_lease(&ctl.ok(&["lease", "grant", "10"]), 10);
+    assert_fill_kept(&ctl, &last);
+    let status = ctl.json(&["endpoint", "status"]);
+    assert_eq!(status[0]["Status"].get("errors"), None, "{status}");
+}

@@ -74,8 +74,20 @@ fn retry_campaign(id: u64, tick: u64) -> bool {
     z & 1 == 1
 }
 
+/// How long a leadership transfer a client asked for (`etcdctl move-leader`) may take before
+/// the client is told it took too long: etcd's request timeout (`ServerConfig.ReqTimeout`,
+/// 5 s + 2 x the 1 s election timeout), which etcd also gives the transfers it starts itself
+/// (`EtcdServer.TransferLeadership`). etcd's `MoveLeader` otherwise waits for the client's
+/// deadline; a wait without a bound is not taken from a client here. raft-rs gives up a
+/// transfer after one election timeout, so one still pending by then will not happen unless
+/// an election picks the target anyway.
+pub const LEADER_TRANSFER_WAIT: Duration = Duration::from_secs(7);
+
 /// A linearizable reader waiting for the read index of its round.
 pub type ReadWaiter = oneshot::Sender<Result<u64, StoreError>>;
+
+/// A client waiting for leadership to move (etcd's `MoveLeader`).
+pub type TransferWaiter = oneshot::Sender<Result<(), StoreError>>;
 
 /// Work for the node's logic.
 pub enum Input {
@@ -92,6 +104,9 @@ pub enum Input {
     },
     /// A lease renewal by our clients, passed to the leader when we follow.
     RenewLease(i64),
+    /// A client asks this member, which must lead, to hand leadership to voter `target`
+    /// (etcd's `MoveLeader`); answered once this member sees `target` lead, or with why not.
+    MoveLeader { target: u64, reply: TransferWaiter },
 }
 
 /// What the node's logic needs from the machine it runs on.
@@ -184,6 +199,8 @@ pub struct Core<H: Host> {
     suspect_ticks: u64,
     /// Lease renewals by our clients, passed on to the leader once per loop turn.
     renewals: Vec<i64>,
+    /// Clients waiting for leadership to move to a member: the target, and until when.
+    transfers: Vec<(u64, Instant, TransferWaiter)>,
     election: Duration,
     cluster_id: u64,
     peer_https: bool,
@@ -394,6 +411,7 @@ impl<H: Host> Core<H> {
             suspect: None,
             suspect_ticks: 0,
             renewals: Vec::new(),
+            transfers: Vec::new(),
             election: config.election,
             cluster_id: config.cluster_id,
             peer_https: config.peer_https,
@@ -460,6 +478,9 @@ impl<H: Host> Core<H> {
         for w in self.read_waiters.drain(..) {
             let _ = w.send(Err(error.clone()));
         }
+        for (_, _, w) in self.transfers.drain(..) {
+            let _ = w.send(Err(error.clone()));
+        }
     }
 
     /// This member applied its own removal from the cluster.
@@ -523,7 +544,40 @@ impl<H: Host> Core<H> {
                     self.renewals.push(id);
                 }
             }
+            Input::MoveLeader { target, reply } => self.move_leader(target, reply),
         }
+    }
+
+    /// etcd's `MoveLeader`: only the leader takes it (`etcdserver: not leader`), the target
+    /// must be a voting member (`etcdserver: bad leader transferee`), a target that already
+    /// leads is answered at once; otherwise raft-rs starts the transfer (it catches the target
+    /// up, then tells it to campaign) and the client waits until this member sees the target
+    /// lead, or [`LEADER_TRANSFER_WAIT`].
+    fn move_leader(&mut self, target: u64, reply: TransferWaiter) {
+        if self.raw.raft.state != StateRole::Leader {
+            let _ = reply.send(Err(StoreError::NotLeader));
+            return;
+        }
+        if !self.raw.raft.prs().conf().voters().contains(target) {
+            let _ = reply.send(Err(StoreError::BadLeaderTransferee));
+            return;
+        }
+        if target == self.id {
+            let _ = reply.send(Ok(()));
+            return;
+        }
+        if self.stopping.is_some() {
+            // Stopping hands leadership to a follower of its own choosing already.
+            let _ = reply.send(Err(StoreError::Stopped));
+            return;
+        }
+        info!(
+            to = format_args!("{target:x}"),
+            "moving leadership as a client asked"
+        );
+        self.raw.transfer_leader(target);
+        let deadline = self.host.now() + LEADER_TRANSFER_WAIT;
+        self.transfers.push((target, deadline, reply));
     }
 
     fn received(&mut self, received: Received) {
@@ -865,6 +919,18 @@ impl<H: Host> Core<H> {
             false
         });
         self.pending.retain(|_, reply| !reply.is_closed());
+        let (expired, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.transfers)
+            .into_iter()
+            .filter(|(_, _, reply)| !reply.is_closed())
+            .partition(|(_, deadline, _)| now >= *deadline);
+        self.transfers = waiting;
+        for (target, _, reply) in expired {
+            warn!(
+                to = format_args!("{target:x}"),
+                "leadership did not move in time"
+            );
+            let _ = reply.send(Err(StoreError::LeaderTransferTimeout));
+        }
         let wait = self.election * LEADERLESS_WAIT_ELECTIONS;
         let (expired, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.leaderless)
             .into_iter()
@@ -931,6 +997,20 @@ impl<H: Host> Core<H> {
                         let _ = w.send(Err(StoreError::NoLeader));
                     }
                 }
+            }
+        }
+        if leader != 0
+            && self
+                .transfers
+                .iter()
+                .any(|(target, _, _)| *target == leader)
+        {
+            let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.transfers)
+                .into_iter()
+                .partition(|(target, _, _)| *target == leader);
+            self.transfers = waiting;
+            for (_, _, reply) in done {
+                let _ = reply.send(Ok(()));
             }
         }
         self.status = ReplicaStatus {

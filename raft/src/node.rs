@@ -119,6 +119,14 @@ impl Replicator for RaftHandle {
             let _ = reply.send(Err(StoreError::Timeout));
         }
     }
+
+    fn move_leader(&self, target: u64, reply: oneshot::Sender<Result<(), StoreError>>) {
+        if let Err(NodeMsg::Input(Input::MoveLeader { reply, .. })) =
+            self.send(NodeMsg::Input(Input::MoveLeader { target, reply }))
+        {
+            let _ = reply.send(Err(StoreError::Timeout));
+        }
+    }
 }
 
 impl RaftHandle {

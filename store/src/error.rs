@@ -31,6 +31,12 @@ pub enum StoreError {
     LeaseExists,
     #[error("etcdserver: too large lease TTL")]
     LeaseTtlTooLarge,
+    /// A member's backend is past its space quota, or the `NOSPACE` alarm is active.
+    #[error("etcdserver: mvcc: database space exceeded")]
+    NoSpace,
+    /// The `CORRUPT` alarm is active.
+    #[error("etcdserver: corrupt cluster")]
+    Corrupt,
     #[error("etcdserver: server stopped")]
     Stopped,
     /// The cluster has no leader (an election is under way, or this member is cut off).
@@ -58,6 +64,15 @@ pub enum StoreError {
     LearnerNotReady,
     #[error("etcdserver: too many learner members in cluster")]
     TooManyLearners,
+    /// A request only the leader serves (`MoveLeader`) reached another member.
+    #[error("etcdserver: not leader")]
+    NotLeader,
+    /// `MoveLeader`'s target is not a voting member.
+    #[error("etcdserver: bad leader transferee")]
+    BadLeaderTransferee,
+    /// Leadership did not move to `MoveLeader`'s target in time.
+    #[error("etcdserver: request timed out, leader transfer took too long")]
+    LeaderTransferTimeout,
     /// What this server cannot do; the text says what.
     #[error("{0}")]
     Unsupported(String),

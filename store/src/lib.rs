@@ -7,8 +7,11 @@
 //!   (put, delete-range, txn, compaction, lease grant/revoke) changes them.
 //! - [`wal`]: the write-ahead log that makes a batch durable with one `fdatasync`.
 //! - [`index`]: the in-memory key index (etcd's `treeIndex`).
+//! - [`gosort`]: Go's `sort.Sort`, so sorted ranges order ties as etcd does.
 //! - [`watch`]: the watch hub (synced / unsynced watchers, progress notifications).
 //! - [`lease`]: the lessor.
+//! - [`quota`] and [`alarm`]: etcd's space quota, and the alarms (`NOSPACE`, `CORRUPT`) that
+//!   stop writes cluster-wide until they are cleared.
 //! - [`snapshot`]: snapshot stream format, restore, and install into a cluster member.
 //! - [`sync_store`]: the same state machine without threads, files or clocks, over redb in
 //!   memory, for the Raft layer's deterministic simulation.
@@ -27,12 +30,15 @@
 //! ranges that the apiserver's paged LIST (#8) depends on.
 
 pub mod accept;
+pub mod alarm;
 pub mod error;
+pub mod gosort;
 pub mod grpc;
 pub mod index;
 pub mod lease;
 pub mod mvcc;
 pub mod pb;
+pub mod quota;
 pub mod replication;
 pub mod rev;
 pub mod snapshot;

@@ -10,6 +10,8 @@
 //! - `leases`: lease id -> granted TTL in seconds.
 //! - `members`: member id -> `Member` (name, client and peer URLs, learner), outside the
 //!   keyspace: no revision, no watch event.
+//! - `alarms`: `(alarm type, member id)` -> nothing: the active alarms (see
+//!   [`crate::alarm`]), outside the keyspace.
 //! - `raft`: what the replicated log asks the store to keep in step with the applied index,
 //!   as opaque bytes: `conf_state` (raft-rs's encoded `ConfState` after the last membership
 //!   change) and `snapshot_index`/`snapshot_term` (u64 big-endian) of the last installed
@@ -26,7 +28,9 @@ use parking_lot::{Mutex, RwLock};
 use prost::Message;
 use redb::{ReadableTable, TableDefinition};
 
+use crate::alarm::Alarms;
 use crate::error::StoreError;
+use crate::gosort::sort_like_go;
 use crate::index::{KeyIndex, KeyRange};
 use crate::lease::Lessor;
 use crate::pb::command::{Member, MemberAttributes, Membership};
@@ -41,6 +45,7 @@ use crate::rev::Rev;
 pub(crate) type KvTable<'a> = redb::Table<'a, (u64, u64), &'static [u8]>;
 pub(crate) type MembersTable<'a> = redb::Table<'a, u64, &'static [u8]>;
 pub(crate) type RaftTable<'a> = redb::Table<'a, &'static str, &'static [u8]>;
+pub(crate) type AlarmsTable<'a> = redb::Table<'a, (i32, u64), ()>;
 
 pub(crate) const KV: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("kv");
 pub(crate) const LEASES: TableDefinition<i64, i64> = TableDefinition::new("leases");
@@ -48,6 +53,9 @@ pub(crate) const LEASES: TableDefinition<i64, i64> = TableDefinition::new("lease
 /// `MemberAttributes` read as a `Member` (its fields 1-3 are the same). Not part of the
 /// keyspace: no revision, no watch event.
 pub(crate) const MEMBERS: TableDefinition<u64, &[u8]> = TableDefinition::new("members");
+/// Active alarms: `(alarm type, member id)`, the type as etcd's `AlarmType` number. Raised and
+/// cleared by log commands, so every member holds the same rows at the same applied index.
+pub(crate) const ALARMS: TableDefinition<(i32, u64), ()> = TableDefinition::new("alarms");
 /// The replicated log's own records, kept in the same transactions as the applied index so
 /// they always match it. Opaque bytes: the store knows nothing of Raft.
 pub(crate) const RAFT: TableDefinition<&str, &[u8]> = TableDefinition::new("raft");
@@ -136,6 +144,9 @@ pub(crate) struct Mvcc {
     /// Leases and the keys attached to them. Written by the writer, read by keep-alives.
     /// A plain mutex: keep-alive is a map lookup.
     pub lessor: Mutex<Lessor>,
+    /// The active alarms as the apply path sees them (ahead of what readers are shown until
+    /// the batch is published). Written and read by the writer only.
+    pub alarms: Mutex<Alarms>,
 }
 
 impl Mvcc {
@@ -231,17 +242,11 @@ pub(crate) fn range<T: ReadableTable<(u64, u64), &'static [u8]>>(
         sort_order
     };
     if order != range_request::SortOrder::None {
-        use range_request::SortTarget as T;
-        match sort_target {
-            T::Key => {}
-            T::Version => kvs.sort_by_key(|kv| kv.version),
-            T::Create => kvs.sort_by_key(|kv| kv.create_revision),
-            T::Mod => kvs.sort_by_key(|kv| kv.mod_revision),
-            T::Value => kvs.sort_by(|a, b| a.value.cmp(&b.value)),
-        }
-        if order == range_request::SortOrder::Descend {
-            kvs.reverse();
-        }
+        sort_kvs(
+            &mut kvs,
+            sort_target,
+            order == range_request::SortOrder::Descend,
+        );
     }
     let mut more = false;
     if req.limit > 0 {
@@ -262,6 +267,34 @@ pub(crate) fn range<T: ReadableTable<(u64, u64), &'static [u8]>>(
         more,
         count,
     })
+}
+
+/// Sorts a range's results as etcd 3.4's apply does: Go's `sort.Sort` over one field, with
+/// `sort.Reverse` (the comparison's arguments swapped) for descending order, so that keys
+/// tied on the field land exactly where etcd puts them (see [`crate::gosort`]). By key the
+/// order is already ascending and keys never tie, so ascending is nothing to do and
+/// descending a reversal.
+fn sort_kvs(kvs: &mut [KeyValue], target: range_request::SortTarget, descending: bool) {
+    use range_request::SortTarget as T;
+    fn by<F: Fn(&KeyValue, &KeyValue) -> bool>(kvs: &mut [KeyValue], less: F, descending: bool) {
+        if descending {
+            sort_like_go(kvs, |a, b| less(b, a));
+        } else {
+            sort_like_go(kvs, less);
+        }
+    }
+    match target {
+        T::Key if descending => kvs.reverse(),
+        T::Key => {}
+        T::Version => by(kvs, |a, b| a.version < b.version, descending),
+        T::Create => by(
+            kvs,
+            |a, b| a.create_revision < b.create_revision,
+            descending,
+        ),
+        T::Mod => by(kvs, |a, b| a.mod_revision < b.mod_revision, descending),
+        T::Value => by(kvs, |a, b| a.value < b.value, descending),
+    }
 }
 
 /// The header of a response nested in a txn: etcd fills only the revision there.
@@ -1026,6 +1059,43 @@ mod tests {
         };
         let decoded = Member::decode(attrs.encode_to_vec().as_slice()).expect("decode");
         assert_eq!(decoded, member(3, "n3", &["http://c3"], &[], false));
+    }
+
+    #[test]
+    fn sorted_ranges_keep_tied_keys_in_key_order_in_both_orders() {
+        // a, b, c written by one txn (mod revision 5), d later, e earlier: as the index
+        // yields them, in key order.
+        let kv = |key: &str, mod_revision: i64| KeyValue {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            mod_revision,
+            create_revision: mod_revision,
+            version: 1,
+            ..Default::default()
+        };
+        let keys = |kvs: &[KeyValue]| -> Vec<String> {
+            kvs.iter()
+                .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+                .collect()
+        };
+        let all = vec![kv("a", 5), kv("b", 5), kv("c", 5), kv("d", 6), kv("e", 3)];
+        for target in [
+            range_request::SortTarget::Mod,
+            range_request::SortTarget::Create,
+        ] {
+            let mut descending = all.clone();
+            sort_kvs(&mut descending, target, true);
+            assert_eq!(keys(&descending), ["d", "a", "b", "c", "e"], "{target:?}");
+            let mut ascending = all.clone();
+            sort_kvs(&mut ascending, target, false);
+            assert_eq!(keys(&ascending), ["e", "a", "b", "c", "d"], "{target:?}");
+        }
+        // Every version is 1: a tie all through, left in key order.
+        let mut by_version = all.clone();
+        sort_kvs(&mut by_version, range_request::SortTarget::Version, true);
+        assert_eq!(keys(&by_version), ["a", "b", "c", "d", "e"]);
+        let mut by_key = all;
+        sort_kvs(&mut by_key, range_request::SortTarget::Key, true);
+        assert_eq!(keys(&by_key), ["e", "d", "c", "b", "a"]);
     }
 
     #[test]

@@ -44,6 +44,17 @@ pub trait Replicator: Send + Sync + 'static {
             "this replicated log has no membership changes".into(),
         )));
     }
+
+    /// Hands leadership to member `target` (etcd's `MoveLeader`). This member must lead;
+    /// `reply` gets `Ok` once it sees `target` lead, or why not ([`StoreError::NotLeader`],
+    /// [`StoreError::BadLeaderTransferee`], [`StoreError::LeaderTransferTimeout`]). A log
+    /// without leaders to move (a test double) refuses.
+    fn move_leader(&self, target: u64, reply: oneshot::Sender<Result<(), StoreError>>) {
+        let _ = target;
+        let _ = reply.send(Err(StoreError::Unsupported(
+            "this replicated log cannot move its leader".into(),
+        )));
+    }
 }
 
 /// The log's state as one member sees it.

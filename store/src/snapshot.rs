@@ -4,7 +4,7 @@
 //! Format (all integers big-endian):
 //! ```text
 //! magic    "SKERRY-SNAPSHOT\n"            16 bytes
-//! version  u32 = 2 (1: written before tags 4 and 5 existed; read the same way)
+//! version  u32 = 3 (1 and 2: written before tags 4, 5 and 6 existed; read the same way)
 //! records  tag u8, key_len u32, key, value_len u32, value
 //! end      tag u8 = 0
 //! padding  zero bytes up to a multiple of 512
@@ -19,10 +19,14 @@
 //! | 3   | leases  | id i64                       | TTL i64 (seconds)                       |
 //! | 4   | members | id u64                       | the row: `Member` protobuf              |
 //! | 5   | raft    | name (UTF-8)                 | the row's bytes (opaque)                |
+//! | 6   | alarms  | alarm type i32, member u64   | empty                                   |
 //!
 //! Meta records leave out what describes the member rather than the data (cluster id, member
 //! id, applied index). Tags 4 and 5 describe the cluster the snapshot came from: installing
 //! into a member of that cluster takes them; restoring a new cluster from it skips them.
+//! Alarms (tag 6) are kept by both, as etcd's snapshot restore keeps its alarm bucket: a
+//! store restored from a snapshot of a store out of space comes up with `NOSPACE` active,
+//! until `etcdctl alarm disarm`.
 //!
 //! The padding and digest are what `etcdctl snapshot save` checks for: it refuses a stream
 //! whose length is not a multiple of 512 plus a 32-byte sha256 (etcd's own snapshots are
@@ -39,15 +43,17 @@ use sha2::{Digest, Sha256};
 
 use crate::error::StoreError;
 use crate::mvcc::{
-    self, KV, LEASES, MEMBERS, META, META_APPLIED_INDEX, META_CLUSTER_ID, META_COMPACT_FINISHED,
-    META_FORMAT, META_MEMBER_ID, META_REVISION, RAFT, RAFT_SNAPSHOT_INDEX, RAFT_SNAPSHOT_TERM,
+    self, ALARMS, KV, LEASES, MEMBERS, META, META_APPLIED_INDEX, META_CLUSTER_ID,
+    META_COMPACT_FINISHED, META_FORMAT, META_MEMBER_ID, META_REVISION, RAFT, RAFT_SNAPSHOT_INDEX,
+    RAFT_SNAPSHOT_TERM,
 };
 use crate::pb::command::Member;
 
 pub const SNAPSHOT_MAGIC: &[u8; 16] = b"SKERRY-SNAPSHOT\n";
 /// The version this build writes.
-pub const SNAPSHOT_VERSION: u32 = 2;
-/// The oldest version this build reads: version 1 is version 2 without tags 4 and 5.
+pub const SNAPSHOT_VERSION: u32 = 3;
+/// The oldest version this build reads: versions 1 and 2 are version 3 without tags 4 and 5,
+/// and without tag 6.
 const SNAPSHOT_VERSION_MIN: u32 = 1;
 const TAG_END: u8 = 0;
 const TAG_META: u8 = 1;
@@ -55,6 +61,7 @@ const TAG_KV: u8 = 2;
 const TAG_LEASE: u8 = 3;
 const TAG_MEMBER: u8 = 4;
 const TAG_RAFT: u8 = 5;
+const TAG_ALARM: u8 = 6;
 const DIGEST_BYTES: usize = 32;
 /// The body is padded to a multiple of this before the digest (see the module docs).
 const BODY_ALIGN_BYTES: u64 = 512;
@@ -150,12 +157,26 @@ pub fn write(txn: &ReadTransaction, out: &mut impl Write) -> Result<i64, StoreEr
             w.record(TAG_RAFT, name.value().as_bytes(), value.value())?;
         }
     }
+    if let Some(alarms) = mvcc::open_if_exists(txn, ALARMS)? {
+        for row in alarms.iter()? {
+            let (key, _) = row?;
+            w.record(TAG_ALARM, &alarm_key(key.value()), &[])?;
+        }
+    }
     w.write(&[TAG_END])?;
     let padding = (BODY_ALIGN_BYTES - w.written % BODY_ALIGN_BYTES) % BODY_ALIGN_BYTES;
     w.write(&vec![0u8; padding as usize])?;
     let digest = w.hasher.finalize();
     w.inner.write_all(&digest)?;
     Ok(revision)
+}
+
+/// An alarm's record key: its type (i32) then its member (u64), big-endian.
+fn alarm_key((kind, member): (i32, u64)) -> [u8; 12] {
+    let mut key = [0u8; 12];
+    key[..4].copy_from_slice(&kind.to_be_bytes());
+    key[4..].copy_from_slice(&member.to_be_bytes());
+    key
 }
 
 /// One record of a snapshot, checked as far as its own bytes go.
@@ -165,6 +186,7 @@ enum Record {
     Lease { id: i64, ttl: i64 },
     Member { id: u64, row: Vec<u8> },
     Raft { name: String, value: Vec<u8> },
+    Alarm { kind: i32, member: u64 },
 }
 
 /// Reads records of a snapshot whose digest [`verify`] has already checked.
@@ -237,6 +259,18 @@ impl<R: Read> RecordReader<R> {
                 name: utf8(key, "raft record name")?,
                 value,
             },
+            TAG_ALARM => {
+                let key: [u8; 12] = key.as_slice().try_into().map_err(|_| {
+                    StoreError::DataDir("snapshot alarm record has a bad key".into())
+                })?;
+                let (kind, member) = key.split_at(4);
+                Record::Alarm {
+                    kind: i32::from_be_bytes(kind.try_into().map_err(|_| {
+                        StoreError::DataDir("snapshot alarm record has a bad type".into())
+                    })?),
+                    member: be_u64(member)?,
+                }
+            }
             other => {
                 return Err(StoreError::DataDir(format!(
                     "snapshot has a record of unknown kind {other}"
@@ -314,6 +348,7 @@ pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
         let mut meta = txn.open_table(META)?;
         let mut kv = txn.open_table(KV)?;
         let mut leases = txn.open_table(LEASES)?;
+        let mut alarms = txn.open_table(ALARMS)?;
         while let Some(record) = r.next()? {
             match record {
                 Record::Meta { name, value } => {
@@ -327,6 +362,9 @@ pub fn restore(snapshot: &Path, data_dir: &Path) -> Result<i64, StoreError> {
                 }
                 Record::Lease { id, ttl } => {
                     leases.insert(id, ttl)?;
+                }
+                Record::Alarm { kind, member } => {
+                    alarms.insert((kind, member), ())?;
                 }
                 Record::Member { .. } | Record::Raft { .. } => {}
             }
@@ -404,8 +442,8 @@ fn record_installed(txn: &WriteTransaction, index: u64, term: u64) -> Result<(),
 }
 
 /// The table replacement of [`install`]: everything but the member's identity becomes what
-/// the records `r` hold, and the applied index becomes `applied_index`. Returns the
-/// snapshot's revision.
+/// the records `r` hold (a snapshot of an older version has no alarms: none are active), and
+/// the applied index becomes `applied_index`. Returns the snapshot's revision.
 fn replace<R: Read>(
     txn: &WriteTransaction,
     mut r: RecordReader<R>,
@@ -425,11 +463,13 @@ fn replace<R: Read>(
     clear(txn, LEASES)?;
     clear(txn, MEMBERS)?;
     clear(txn, RAFT)?;
+    clear(txn, ALARMS)?;
     let mut meta = txn.open_table(META)?;
     let mut kv = txn.open_table(KV)?;
     let mut leases = txn.open_table(LEASES)?;
     let mut members = txn.open_table(MEMBERS)?;
     let mut raft = txn.open_table(RAFT)?;
+    let mut alarms = txn.open_table(ALARMS)?;
     for (name, value) in identity {
         meta.insert(name, value)?;
     }
@@ -465,6 +505,9 @@ fn replace<R: Read>(
             }
             Record::Raft { name, value } => {
                 raft.insert(name.as_str(), value.as_slice())?;
+            }
+            Record::Alarm { kind, member } => {
+                alarms.insert((kind, member), ())?;
             }
         }
     }

@@ -48,21 +48,24 @@ use redb::{
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, warn};
 
+use crate::alarm::{Alarms, Applier};
 use crate::error::StoreError;
 use crate::index::KeyIndex;
 use crate::lease::{LEASE_TTL_MAX_SECONDS, LEASE_TTL_MIN_SECONDS, Lessor};
 use crate::mvcc::{
-    self, Apply, KV, LEASES, MEMBERS, META, META_APPLIED_INDEX, META_CLUSTER_ID,
+    self, ALARMS, Apply, KV, LEASES, MEMBERS, META, META_APPLIED_INDEX, META_CLUSTER_ID,
     META_COMPACT_FINISHED, META_COMPACT_REVISION, META_FORMAT, META_MEMBER_ID, META_REVISION, Mvcc,
     RAFT, RAFT_CONF_STATE, RAFT_SNAPSHOT_INDEX, RAFT_SNAPSHOT_TERM,
 };
 use crate::pb::command::{Command, Member, command::Command as Cmd};
 use crate::pb::etcdserverpb::{
-    CompactionRequest, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest,
-    LeaseRevokeRequest, PutRequest, PutResponse, RangeRequest, RangeResponse, ResponseHeader,
-    TxnRequest, TxnResponse,
+    AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest, DeleteRangeRequest,
+    DeleteRangeResponse, LeaseGrantRequest, LeaseRevokeRequest, PutRequest, PutResponse,
+    RangeRequest, RangeResponse, ResponseHeader, TxnRequest, TxnResponse,
+    alarm_request::AlarmAction,
 };
 use crate::pb::mvccpb::{Event, event::EventType};
+use crate::quota::{self, QuotaCheck};
 use crate::replication::{Committed, Replicator};
 use crate::rev::Rev;
 use crate::wal::{WAL_SEGMENT_BYTES, Wal};
@@ -153,6 +156,9 @@ pub struct StoreConfig {
     /// The cluster and member ids a replicated member is known by; they replace the random
     /// ones a single store picks for itself.
     pub identity: Option<(u64, u64)>,
+    /// This member's space quota in bytes (`--quota-backend-bytes`, see [`crate::quota`]);
+    /// `None` disables it.
+    pub quota: Option<u64>,
 }
 
 impl StoreConfig {
@@ -163,6 +169,7 @@ impl StoreConfig {
             wal_segment_bytes: WAL_SEGMENT_BYTES,
             replicated: false,
             identity: None,
+            quota: Some(quota::QUOTA_BYTES_DEFAULT),
         }
     }
 }
@@ -188,6 +195,8 @@ pub enum CommandResult {
     MemberPublished,
     /// A membership change was recorded (members and `ConfState`).
     Membership,
+    /// An alarm was raised or cleared: the alarms it concerned, as etcd answers (no header).
+    Alarm(AlarmResponse),
 }
 
 use crate::replication::Reply;
@@ -269,6 +278,13 @@ struct Shared {
     install_generation: AtomicU64,
     sync_wakeup: (Mutex<bool>, Condvar),
     progress_notify_interval: Duration,
+    /// This member's space quota (see [`crate::quota`]).
+    quota: Option<u64>,
+    /// The backend's size in bytes (the database file's length), measured by the writer
+    /// after every commit: what the quota is checked against.
+    backend_bytes: AtomicU64,
+    /// The active alarms as of the published applied index.
+    alarms: RwLock<Alarms>,
 }
 
 impl Shared {
@@ -350,6 +366,15 @@ impl Store {
             "opened store"
         );
         let compact_revision = mvcc.compact_rev();
+        let alarms = mvcc.alarms.lock().clone();
+        if !alarms.is_empty() {
+            warn!(
+                alarms = ?alarms.all(),
+                "alarms are active; writes are limited until they are cleared (etcdctl alarm \
+                 disarm)"
+            );
+        }
+        let backend_bytes = file_bytes(&path);
         let shared = Arc::new(Shared {
             mvcc,
             db: RwLock::new(db),
@@ -372,6 +397,9 @@ impl Store {
             install_generation: AtomicU64::new(0),
             sync_wakeup: (Mutex::new(false), Condvar::new()),
             progress_notify_interval: config.progress_notify_interval,
+            quota: config.quota,
+            backend_bytes: AtomicU64::new(backend_bytes),
+            alarms: RwLock::new(alarms),
         });
         let (tx, rx) = mpsc::channel(WRITE_QUEUE_MAX);
         let mut writer = Writer {
@@ -519,9 +547,13 @@ impl Store {
         )))
     }
 
+    /// A put, checked against this member's quota first (before the request's own checks,
+    /// as etcd's quota layer sits in front of its KV service).
     pub async fn put(&self, req: PutRequest) -> Result<PutResponse, StoreError> {
+        self.check_quota(quota::put_cost(&req)).await?;
         crate::validate::put(&req)?;
-        match self.propose(Cmd::Put(req), false).await? {
+        let result = self.propose(Cmd::Put(req), false).await;
+        match self.after_quota(result).await? {
             CommandResult::Put(mut resp) => {
                 resp.header = Some(self.header(header_revision(&resp.header)));
                 Ok(resp)
@@ -544,9 +576,13 @@ impl Store {
         }
     }
 
+    /// A txn, checked against this member's quota first (one without puts costs nothing and
+    /// always passes).
     pub async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, StoreError> {
+        self.check_quota(quota::txn_cost(&req)).await?;
         crate::validate::txn(&req)?;
-        match self.propose(Cmd::Txn(req), false).await? {
+        let result = self.propose(Cmd::Txn(req), false).await;
+        match self.after_quota(result).await? {
             CommandResult::Txn(mut resp) => {
                 resp.header = Some(self.header(header_revision(&resp.header)));
                 Ok(resp)
@@ -566,16 +602,18 @@ impl Store {
     }
 
     /// Grants a lease. `id == 0` lets the store choose; TTLs below the minimum are raised.
+    /// Checked against this member's quota first.
     pub async fn lease_grant(&self, ttl: i64, id: i64) -> Result<(i64, i64), StoreError> {
+        self.check_quota(quota::LEASE_GRANT_COST).await?;
         if ttl > LEASE_TTL_MAX_SECONDS {
             return Err(StoreError::LeaseTtlTooLarge);
         }
         let ttl = ttl.max(LEASE_TTL_MIN_SECONDS);
         let id = if id == 0 { self.fresh_lease_id() } else { id };
-        match self
+        let result = self
             .propose(Cmd::LeaseGrant(LeaseGrantRequest { ttl, id }), false)
-            .await?
-        {
+            .await;
+        match self.after_quota(result).await? {
             CommandResult::LeaseGrant { id, ttl, .. } => Ok((id, ttl)),
             other => Err(unexpected(&other)),
         }
@@ -892,6 +930,125 @@ impl Store {
         }
     }
 
+    /// etcd's quota check before a proposal (`quotaAlarmer.check`): if this member's backend
+    /// plus `cost` is not below its quota, raise `NOSPACE` for this member and refuse.
+    async fn check_quota(&self, cost: u64) -> Result<(), StoreError> {
+        let check = QuotaCheck {
+            limit: self.shared.quota,
+            size: self.shared.backend_bytes.load(Ordering::Acquire),
+        };
+        if check.available(cost) {
+            return Ok(());
+        }
+        self.raise_nospace().await;
+        Err(StoreError::NoSpace)
+    }
+
+    /// A command applied past this member's quota answers `NoSpace` (etcd's quota applier);
+    /// as etcd does then, raise `NOSPACE` for this member before answering, unless the alarm
+    /// is active already (then the refusal came from it).
+    async fn after_quota(
+        &self,
+        result: Result<CommandResult, StoreError>,
+    ) -> Result<CommandResult, StoreError> {
+        if matches!(result, Err(StoreError::NoSpace))
+            && !self.shared.alarms.read().is_active(AlarmType::Nospace)
+        {
+            self.raise_nospace().await;
+        }
+        result
+    }
+
+    /// Raises `NOSPACE` for this member through the log and waits for it to apply; a failure
+    /// is only logged, as etcd ignores it (the next refused write tries again). Nothing is
+    /// proposed when this member's alarm is active already: applying it would change nothing.
+    async fn raise_nospace(&self) {
+        let member = self.shared.member_id;
+        let active = self
+            .shared
+            .alarms
+            .read()
+            .list(AlarmType::Nospace as i32)
+            .iter()
+            .any(|a| a.member_id == member);
+        if active {
+            return;
+        }
+        warn!(
+            quota = self.shared.quota,
+            backend_bytes = self.shared.backend_bytes.load(Ordering::Acquire),
+            "backend quota exceeded; raising the NOSPACE alarm"
+        );
+        let request = AlarmRequest {
+            action: AlarmAction::Activate as i32,
+            member_id: member,
+            alarm: AlarmType::Nospace as i32,
+        };
+        if let Err(e) = self.propose(Cmd::Alarm(request), false).await {
+            warn!(error = %e, "raising the NOSPACE alarm failed");
+        }
+    }
+
+    /// etcd's `Maintenance.Alarm`: `GET` lists the active alarms of a type (`NONE`: all) as
+    /// of a linearizable read; `ACTIVATE` and `DEACTIVATE` go through the log and answer
+    /// with the alarm they concerned (none when there was nothing to clear). An unknown
+    /// action is answered with nothing, as etcd's apply answers it.
+    pub async fn alarm(&self, request: AlarmRequest) -> Result<AlarmResponse, StoreError> {
+        match AlarmAction::try_from(request.action) {
+            Ok(AlarmAction::Get) => {
+                self.linearizable_barrier().await?;
+                Ok(AlarmResponse {
+                    header: None,
+                    alarms: self.shared.alarms.read().list(request.alarm),
+                })
+            }
+            Ok(AlarmAction::Activate | AlarmAction::Deactivate) => {
+                match self.propose(Cmd::Alarm(request), false).await? {
+                    CommandResult::Alarm(resp) => Ok(resp),
+                    other => Err(unexpected(&other)),
+                }
+            }
+            Err(_) => Ok(AlarmResponse::default()),
+        }
+    }
+
+    /// The active alarms, as this member last applied them (no read of the cluster): what a
+    /// health check reports (etcd's `/health` is false while any is active).
+    pub fn alarms(&self) -> Vec<AlarmMember> {
+        self.shared.alarms.read().all()
+    }
+
+    /// The backend's size in bytes as the quota sees it, and the quota.
+    pub fn quota_usage(&self) -> (u64, Option<u64>) {
+        (
+            self.shared.backend_bytes.load(Ordering::Acquire),
+            self.shared.quota,
+        )
+    }
+
+    /// Hands leadership to member `target` (etcd's `MoveLeader`, `etcdctl move-leader`):
+    /// only the leader takes it, the target must be a voting member, and the answer comes
+    /// once this member sees the target lead, or after [`REPLICATED_REQUEST_TIMEOUT`]
+    /// (`etcdserver: request timed out, leader transfer took too long`). A single store is
+    /// its own leader and only member: itself is the one target it accepts.
+    pub async fn move_leader(&self, target: u64) -> Result<(), StoreError> {
+        if !self.shared.replicated {
+            return if target == self.shared.member_id {
+                Ok(())
+            } else {
+                Err(StoreError::BadLeaderTransferee)
+            };
+        }
+        let replicator = self.shared.replicator.get().ok_or(StoreError::NoLeader)?;
+        let (reply, rx) = oneshot::channel();
+        replicator.move_leader(target, reply);
+        match tokio::time::timeout(REPLICATED_REQUEST_TIMEOUT, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(StoreError::Stopped),
+            Err(_) => Err(StoreError::LeaderTransferTimeout),
+        }
+    }
+
     /// Whether this member decides lease expiry (see [`Store::set_leadership`]).
     pub fn is_lease_authority(&self) -> bool {
         self.shared.lease_authority.load(Ordering::Acquire)
@@ -1018,6 +1175,12 @@ fn be_u64(bytes: &[u8]) -> Result<u64, StoreError> {
     Ok(u64::from_be_bytes(array))
 }
 
+/// A file's length in bytes; 0 if it cannot be read (the writer measures again after its
+/// next commit).
+fn file_bytes(path: &Path) -> u64 {
+    fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
 fn header_revision(header: &Option<ResponseHeader>) -> i64 {
     header.as_ref().map_or(0, |h| h.revision)
 }
@@ -1091,6 +1254,7 @@ pub(crate) struct State {
     pub(crate) compact_revision: i64,
     pub(crate) compact_finished: i64,
     pub(crate) applied_index: u64,
+    pub(crate) alarms: Alarms,
 }
 
 impl State {
@@ -1110,6 +1274,7 @@ impl State {
             current_rev: self.revision.into(),
             compact_rev: self.compact_revision.into(),
             lessor: Mutex::new(self.lessor),
+            alarms: Mutex::new(self.alarms),
         }
     }
 }
@@ -1126,7 +1291,12 @@ pub(crate) fn load(db: &Database, identity: Option<(u64, u64)>) -> Result<Loaded
     prepare(db, identity)?;
     let txn = db.begin_read()?;
     let meta = txn.open_table(META)?;
-    let state = read_state(&meta, &txn.open_table(KV)?, &txn.open_table(LEASES)?)?;
+    let state = read_state(
+        &meta,
+        &txn.open_table(KV)?,
+        &txn.open_table(LEASES)?,
+        &txn.open_table(ALARMS)?,
+    )?;
     let get = |key: &str| -> Result<u64, StoreError> {
         Ok(meta.get(key)?.map(|g| g.value()).unwrap_or(0))
     };
@@ -1187,18 +1357,20 @@ fn prepare(db: &Database, identity: Option<(u64, u64)>) -> Result<(), StoreError
         txn.open_table(LEASES)?;
         txn.open_table(MEMBERS)?;
         txn.open_table(RAFT)?;
+        txn.open_table(ALARMS)?;
     }
     txn.commit()?;
     Ok(())
 }
 
 /// Rebuilds the in-memory state from the tables: the key index from the rows, the lessor
-/// from the lease table and the keys' leases. Generic over the table kind so that an install
-/// can rebuild from its write transaction before it commits.
+/// from the lease table and the keys' leases, the active alarms. Generic over the table kind
+/// so that an install can rebuild from its write transaction before it commits.
 fn read_state(
     meta: &impl ReadableTable<&'static str, u64>,
     kv: &impl ReadableTable<(u64, u64), &'static [u8]>,
     leases: &impl ReadableTable<i64, i64>,
+    alarms: &impl ReadableTable<(i32, u64), ()>,
 ) -> Result<State, StoreError> {
     let get = |key: &str| -> Result<u64, StoreError> {
         Ok(meta.get(key)?.map(|g| g.value()).unwrap_or(0))
@@ -1252,6 +1424,11 @@ fn read_state(
     for (key, lease) in lease_of {
         lessor.attach(lease, &key);
     }
+    let mut pairs = Vec::new();
+    for row in alarms.iter()? {
+        let (key, _) = row?;
+        pairs.push(key.value());
+    }
     Ok(State {
         index,
         lessor,
@@ -1259,6 +1436,7 @@ fn read_state(
         compact_revision,
         compact_finished,
         applied_index,
+        alarms: Alarms::from_pairs(pairs),
     })
 }
 
@@ -1348,11 +1526,21 @@ pub(crate) struct Applied {
     pub(crate) events: Vec<Event>,
     /// The compaction revision a command of the batch moved the floor to.
     pub(crate) new_compaction: Option<i64>,
+    /// The positions of commands that applied while this member was past its quota, so
+    /// answered `NoSpace`: this member must raise `NOSPACE` for them (etcd's
+    /// `applyEntryNormal`).
+    pub(crate) over_quota: Vec<usize>,
+    /// A command of the batch raised or cleared an alarm.
+    pub(crate) alarms_changed: bool,
 }
 
 /// Applies `commands` in order inside `txn`, numbering them from `applied_index + 1`, and
 /// records the applied index and revision in the same transaction. The one apply path for
 /// live batches and for replay at startup, so replay gives exactly what the first run gave.
+///
+/// Each command goes through the applier the active alarms call for ([`Applier`]): refused
+/// whole under an alarm, or applied and, with no alarm, checked against this member's
+/// `quota` (which changes the answer, never the state: every member applies alike).
 ///
 /// Fails only when a command failed after writing (see [`Apply::poisoned`]): the transaction
 /// must then be dropped, and memory (index, lessor) is ahead of disk until a restart.
@@ -1361,14 +1549,17 @@ pub(crate) fn apply_commands<'c>(
     txn: &WriteTransaction,
     cursor: &mut ApplyCursor,
     commands: impl Iterator<Item = Option<&'c Command>>,
+    quota: QuotaCheck,
 ) -> Result<Applied, StoreError> {
     let mut events = Vec::new();
     let mut results = Vec::new();
     let mut new_compaction = None;
+    let mut over_quota = Vec::new();
+    let mut alarms_changed = false;
     let mut table = txn.open_table(KV)?;
     let mut leases = txn.open_table(LEASES)?;
     let mut meta = txn.open_table(META)?;
-    for command in commands {
+    for (position, command) in commands.enumerate() {
         cursor.applied_index += 1;
         let mut apply = Apply {
             mvcc,
@@ -1387,11 +1578,42 @@ pub(crate) fn apply_commands<'c>(
             )));
             continue;
         };
-        let result = match &command.command {
-            Some(Cmd::Put(req)) => apply.put(req).map(CommandResult::Put),
-            Some(Cmd::DeleteRange(req)) => apply.delete_range(req).map(CommandResult::DeleteRange),
-            Some(Cmd::Txn(req)) => apply.txn(req).map(CommandResult::Txn),
-            Some(Cmd::LeaseGrant(req)) => {
+        let applier = mvcc.alarms.lock().applier();
+        // What the quota applier checks, and the cost, for the commands it checks; etcd
+        // computes availability before applying.
+        let quota_cost = match &command.command {
+            Some(Cmd::Put(req)) => Some(quota::put_cost(req)),
+            Some(Cmd::Txn(req)) if !quota::txn_is_read_only(req) => Some(quota::txn_cost(req)),
+            Some(Cmd::LeaseGrant(_)) => Some(quota::LEASE_GRANT_COST),
+            _ => None,
+        };
+        let within_quota = quota_cost.is_none_or(|cost| quota.available(cost));
+        let result = match (&command.command, applier) {
+            // Refusals under an alarm, before anything is written.
+            (Some(Cmd::Put(_) | Cmd::LeaseGrant(_)), Applier::Capped) => Err(StoreError::NoSpace),
+            (Some(Cmd::Txn(req)), Applier::Capped) if quota::txn_cost(req) > 0 => {
+                Err(StoreError::NoSpace)
+            }
+            (
+                Some(
+                    Cmd::Put(_)
+                    | Cmd::DeleteRange(_)
+                    | Cmd::Compaction(_)
+                    | Cmd::LeaseGrant(_)
+                    | Cmd::LeaseRevoke(_),
+                ),
+                Applier::Corrupt,
+            ) => Err(StoreError::Corrupt),
+            // A read-only txn never reaches etcd's appliers (it is served without the log).
+            (Some(Cmd::Txn(req)), Applier::Corrupt) if !quota::txn_is_read_only(req) => {
+                Err(StoreError::Corrupt)
+            }
+            (Some(Cmd::Put(req)), _) => apply.put(req).map(CommandResult::Put),
+            (Some(Cmd::DeleteRange(req)), _) => {
+                apply.delete_range(req).map(CommandResult::DeleteRange)
+            }
+            (Some(Cmd::Txn(req)), _) => apply.txn(req).map(CommandResult::Txn),
+            (Some(Cmd::LeaseGrant(req)), _) => {
                 apply
                     .lease_grant(req.id, req.ttl)
                     .map(|revision| CommandResult::LeaseGrant {
@@ -1400,13 +1622,13 @@ pub(crate) fn apply_commands<'c>(
                         revision,
                     })
             }
-            Some(Cmd::LeaseRevoke(req)) => apply
+            (Some(Cmd::LeaseRevoke(req)), _) => apply
                 .lease_revoke(req.id)
                 .map(|revision| CommandResult::LeaseRevoke { revision }),
             // Member rows are read before anything is written, so a row that cannot be read
             // fails the command alone; a failed write after that leaves the transaction
             // half-written, and the batch is abandoned (`?`).
-            Some(Cmd::MemberAttributes(attrs)) => {
+            (Some(Cmd::MemberAttributes(attrs)), _) => {
                 let mut members = txn.open_table(MEMBERS)?;
                 match mvcc::read_member(&members, attrs.id) {
                     Ok(existing) => {
@@ -1417,7 +1639,7 @@ pub(crate) fn apply_commands<'c>(
                     Err(e) => Err(e),
                 }
             }
-            Some(Cmd::Membership(change)) => {
+            (Some(Cmd::Membership(change)), _) => {
                 let mut members = txn.open_table(MEMBERS)?;
                 match mvcc::membership_rows(&members, change) {
                     Ok(rows) => {
@@ -1428,17 +1650,31 @@ pub(crate) fn apply_commands<'c>(
                     Err(e) => Err(e),
                 }
             }
-            Some(Cmd::Compaction(req)) => apply.compact(req.revision).map(|revision| {
+            (Some(Cmd::Compaction(req)), _) => apply.compact(req.revision).map(|revision| {
                 new_compaction = Some(req.revision);
                 CommandResult::Compact { revision }
             }),
-            None => Err(StoreError::Storage("empty command".into())),
+            (Some(Cmd::Alarm(req)), _) => {
+                let mut table = txn.open_table(ALARMS)?;
+                let (response, changed) = apply_alarm(&mut table, &mut mvcc.alarms.lock(), req)?;
+                alarms_changed |= changed;
+                Ok(CommandResult::Alarm(response))
+            }
+            (None, _) => Err(StoreError::Storage("empty command".into())),
         };
         if apply.poisoned {
             return Err(result
                 .err()
                 .unwrap_or_else(|| StoreError::Storage("command left partial writes".into())));
         }
+        // etcd's quota applier: the command applied, but this member was past its quota.
+        let result = match result {
+            Ok(_) if applier == Applier::Normal && !within_quota => {
+                over_quota.push(position);
+                Err(StoreError::NoSpace)
+            }
+            other => other,
+        };
         results.push(result);
     }
     meta.insert(META_APPLIED_INDEX, cursor.applied_index)?;
@@ -1447,7 +1683,54 @@ pub(crate) fn apply_commands<'c>(
         results,
         events,
         new_compaction,
+        over_quota,
+        alarms_changed,
     })
+}
+
+/// Applies an alarm request (etcd's `applierV3backend.Alarm`): `ACTIVATE` records the alarm
+/// (answering with it, new or not), `DEACTIVATE` clears it (answering with it if it was
+/// active), `GET` lists them; anything else is answered with nothing. The table is written
+/// first, memory after; a failed write abandons the batch. Returns whether an alarm changed.
+fn apply_alarm(
+    table: &mut mvcc::AlarmsTable<'_>,
+    alarms: &mut Alarms,
+    req: &AlarmRequest,
+) -> Result<(AlarmResponse, bool), StoreError> {
+    let member = AlarmMember {
+        member_id: req.member_id,
+        alarm: req.alarm,
+    };
+    let mut response = AlarmResponse::default();
+    let mut changed = false;
+    match AlarmAction::try_from(req.action) {
+        Ok(AlarmAction::Get) => response.alarms = alarms.list(req.alarm),
+        Ok(AlarmAction::Activate) => {
+            let first_of_its_type = alarms.list(req.alarm).is_empty();
+            if !alarms.list(req.alarm).contains(&member) {
+                table.insert((req.alarm, req.member_id), ())?;
+                alarms.activate(req.alarm, req.member_id);
+                changed = true;
+                if first_of_its_type {
+                    warn!(alarm = %crate::alarm::alarm_text(&member), "alarm raised");
+                }
+            }
+            response.alarms.push(member);
+        }
+        Ok(AlarmAction::Deactivate) => {
+            if alarms.list(req.alarm).contains(&member) {
+                table.remove((req.alarm, req.member_id))?;
+                alarms.deactivate(req.alarm, req.member_id);
+                changed = true;
+                if alarms.list(req.alarm).is_empty() {
+                    info!(alarm = %crate::alarm::alarm_text(&member), "alarm disarmed");
+                }
+                response.alarms.push(member);
+            }
+        }
+        Err(_) => {}
+    }
+    Ok((response, changed))
 }
 
 /// Checks that the entries of a batch (their log indexes; `None` for a command a single store
@@ -1498,8 +1781,15 @@ fn replay(
         let mut txn = db.begin_write()?;
         txn.set_durability(Durability::None)
             .map_err(StoreError::storage)?;
-        apply_commands(mvcc, &txn, cursor, commands.iter().map(Some))
-            .map_err(|e| StoreError::DataDir(format!("replaying the write-ahead log: {e}")))?;
+        // Nobody reads a replayed command's result, and the quota changes only results.
+        apply_commands(
+            mvcc,
+            &txn,
+            cursor,
+            commands.iter().map(Some),
+            QuotaCheck::default(),
+        )
+        .map_err(|e| StoreError::DataDir(format!("replaying the write-ahead log: {e}")))?;
         txn.commit()?;
         mvcc.compact_rev.store(cursor.floor, Ordering::Release);
         mvcc.current_rev.store(cursor.rev, Ordering::Release);
@@ -1545,6 +1835,7 @@ pub(crate) fn stage_install(
         &txn.open_table(META)?,
         &txn.open_table(KV)?,
         &txn.open_table(LEASES)?,
+        &txn.open_table(ALARMS)?,
     )?;
     assert_eq!(
         state.applied_index, index,
@@ -1752,11 +2043,16 @@ impl Writer {
         let _ = first;
         let db = self.shared.db.read();
         let mut txn = db.begin_write()?;
+        let quota = QuotaCheck {
+            limit: self.shared.quota,
+            size: self.shared.backend_bytes.load(Ordering::Acquire),
+        };
         let applied = apply_commands(
             &self.shared.mvcc,
             &txn,
             &mut self.cursor,
             commands.iter().map(|p| p.command.as_ref()),
+            quota,
         )?;
         if let Some(wal) = self.wal.as_mut() {
             // The log first: once it is synced the batch survives a crash whatever happens to
@@ -1789,6 +2085,7 @@ impl Writer {
         .map_err(StoreError::storage)?;
         txn.commit()?;
         drop(db);
+        self.measure();
         if checkpoint {
             self.checkpointed()?;
         }
@@ -1807,9 +2104,21 @@ impl Writer {
             self.compaction = Some(CompactionJob { at, cursor: None });
         }
         self.shared.hub.notify(&applied.events, self.cursor.rev);
+        if applied.alarms_changed {
+            let alarms = self.shared.mvcc.alarms.lock().clone();
+            *self.shared.alarms.write() = alarms;
+        }
         self.shared
             .applied_watch
             .send_replace(self.cursor.applied_index);
+        // One raise per batch is enough: applying it again would change nothing.
+        if applied
+            .over_quota
+            .iter()
+            .any(|&position| commands[position].reply.is_none())
+        {
+            self.raise_nospace_for_entry();
+        }
         for (pending, result) in commands.into_iter().zip(applied.results) {
             let Some(reply) = pending.reply else {
                 continue;
@@ -1843,6 +2152,7 @@ impl Writer {
             compact_revision,
             compact_finished,
             applied_index: _,
+            alarms,
         } = state;
         {
             let mut shared_index = self.shared.mvcc.index.write();
@@ -1850,6 +2160,7 @@ impl Writer {
             txn.commit()?;
             *shared_index = key_index;
             *self.shared.mvcc.lessor.lock() = lessor;
+            *self.shared.mvcc.alarms.lock() = alarms;
             self.shared
                 .mvcc
                 .compact_rev
@@ -1859,9 +2170,11 @@ impl Writer {
                 .current_rev
                 .store(revision, Ordering::Release);
             self.shared.applied_index.store(index, Ordering::Release);
+            *self.shared.alarms.write() = self.shared.mvcc.alarms.lock().clone();
             self.shared.hub.jump(revision);
         }
         drop(db);
+        self.measure();
         self.cursor = ApplyCursor {
             applied_index: index,
             rev: revision,
@@ -1914,6 +2227,8 @@ impl Writer {
             }
             txn.commit()?;
         }
+        // A durable commit may give the file's free tail back.
+        self.measure();
         self.checkpointed()
     }
 
@@ -1942,6 +2257,7 @@ impl Writer {
         let db = self.shared.db.read();
         let last = compaction_step(&db, &self.shared.mvcc, at, job.cursor.as_ref())?;
         drop(db);
+        self.measure();
         if last.is_none() {
             info!(revision = at, "finished compaction");
             self.compaction = None;
@@ -1966,7 +2282,13 @@ impl Writer {
             let mut db = self.shared.db.write();
             match db.compact() {
                 Ok(_) => {
-                    info!(attempts = attempt + 1, "defragmented store");
+                    drop(db);
+                    self.measure();
+                    info!(
+                        attempts = attempt + 1,
+                        backend_bytes = self.shared.backend_bytes.load(Ordering::Acquire),
+                        "defragmented store"
+                    );
                     return Ok(());
                 }
                 Err(redb::CompactionError::TransactionInProgress) => {
@@ -1979,6 +2301,50 @@ impl Writer {
         Err(StoreError::Storage(
             "defragment: reads kept the database busy; try again".into(),
         ))
+    }
+
+    /// Measures the backend's size (the database file's length) for the quota.
+    fn measure(&self) {
+        self.shared
+            .backend_bytes
+            .store(file_bytes(&self.shared.path), Ordering::Release);
+    }
+
+    /// An entry proposed on another member applied past this member's quota: raise
+    /// `NOSPACE` for this member through the log, as every etcd member does for itself
+    /// (`applyEntryNormal`). Only a cluster member gets entries it did not propose. The
+    /// proposal is not waited for; a lost one is made again by the next entry over quota.
+    fn raise_nospace_for_entry(&self) {
+        let Some(replicator) = self.shared.replicator.get() else {
+            return;
+        };
+        let member = self.shared.member_id;
+        let active = self
+            .shared
+            .alarms
+            .read()
+            .list(AlarmType::Nospace as i32)
+            .iter()
+            .any(|a| a.member_id == member);
+        if active {
+            return;
+        }
+        warn!(
+            quota = self.shared.quota,
+            backend_bytes = self.shared.backend_bytes.load(Ordering::Acquire),
+            "an entry applied past the backend quota; raising the NOSPACE alarm"
+        );
+        let (reply, _) = oneshot::channel();
+        replicator.submit(
+            Command {
+                command: Some(Cmd::Alarm(AlarmRequest {
+                    action: AlarmAction::Activate as i32,
+                    member_id: member,
+                    alarm: AlarmType::Nospace as i32,
+                })),
+            },
+            reply,
+        );
     }
 
     fn in_use_bytes(&self) -> Result<u64, StoreError> {
@@ -2268,4 +2634,346 @@ pub(crate) fn hash_kv(
         hasher.update(value.value());
     }
     Ok((hasher.finalize(), compacted))
+}
+
+#[cfg(test)]
+mod tests {
+    use redb::backends::InMemoryBackend;
+
+    use super::*;
+    use crate::pb::etcdserverpb::{RequestOp, request_op};
+
+    /// A fresh store's tables in memory, its shared state and its apply cursor.
+    fn fresh() -> (Database, Mvcc, ApplyCursor) {
+        let db = Database::builder()
+            .create_with_backend(InMemoryBackend::new())
+            .expect("in-memory database");
+        let loaded = load(&db, Some((1, 2))).expect("load");
+        let cursor = loaded.state.cursor();
+        (db, loaded.state.into_mvcc(), cursor)
+    }
+
+    fn apply(
+        db: &Database,
+        mvcc: &Mvcc,
+        cursor: &mut ApplyCursor,
+        commands: &[Cmd],
+        quota: QuotaCheck,
+    ) -> Applied {
+        let commands: Vec<Command> = commands
+            .iter()
+            .map(|c| Command {
+                command: Some(c.clone()),
+            })
+            .collect();
+        let txn = db.begin_write().expect("begin");
+        let applied =
+            apply_commands(mvcc, &txn, cursor, commands.iter().map(Some), quota).expect("apply");
+        txn.commit().expect("commit");
+        applied
+    }
+
+    fn put(key: &str) -> PutRequest {
+        PutRequest {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: Bytes::from_static(b"v"),
+            ..Default::default()
+        }
+    }
+
+    fn op(request: request_op::Request) -> RequestOp {
+        RequestOp {
+            request: Some(request),
+        }
+    }
+
+    fn alarm(action: AlarmAction, member: u64, kind: AlarmType) -> Cmd {
+        Cmd::Alarm(AlarmRequest {
+            action: action as i32,
+            member_id: member,
+            alarm: kind as i32,
+        })
+    }
+
+    /// Each result as `Ok` or the error, for comparing with what etcd answers.
+    fn outcomes(applied: &Applied) -> Vec<Result<(), StoreError>> {
+        applied
+            .results
+            .iter()
+            .map(|r| r.as_ref().map(|_| ()).map_err(Clone::clone))
+            .collect()
+    }
+
+    #[test]
+    fn nospace_refuses_puts_txns_with_puts_and_grants_and_applies_the_rest() {
+        let (db, mvcc, mut cursor) = fresh();
+        let none = QuotaCheck::default();
+        apply(&db, &mvcc, &mut cursor, &[Cmd::Put(put("a"))], none);
+        let raised = apply(
+            &db,
+            &mvcc,
+            &mut cursor,
+            &[alarm(AlarmAction::Activate, 7, AlarmType::Nospace)],
+            none,
+        );
+        assert!(raised.alarms_changed);
+        let revision = cursor.rev;
+        let nested = TxnRequest {
+            success: vec![op(request_op::Request::RequestPut(put("n")))],
+            ..Default::default()
+        };
+        let applied = apply(
+            &db,
+            &mvcc,
+            &mut cursor,
+            &[
+                Cmd::Put(put("b")),
+                Cmd::LeaseGrant(LeaseGrantRequest { ttl: 10, id: 5 }),
+                Cmd::Txn(TxnRequest {
+                    failure: vec![op(request_op::Request::RequestPut(put("c")))],
+                    ..Default::default()
+                }),
+                // etcd's cost of a txn counts top-level puts only: a nested put gets through.
+                Cmd::Txn(TxnRequest {
+                    success: vec![op(request_op::Request::RequestTxn(nested))],
+                    ..Default::default()
+                }),
+                Cmd::Txn(TxnRequest {
+                    success: vec![op(request_op::Request::RequestRange(RangeRequest {
+                        key: Bytes::from_static(b"a"),
+                        ..Default::default()
+                    }))],
+                    ..Default::default()
+                }),
+                Cmd::DeleteRange(DeleteRangeRequest {
+                    key: Bytes::from_static(b"a"),
+                    ..Default::default()
+                }),
+                Cmd::Compaction(CompactionRequest {
+                    revision: 2,
+                    physical: false,
+                }),
+            ],
+            QuotaCheck::default(),
+        );
+        assert_eq!(
+            outcomes(&applied),
+            [
+                Err(StoreError::NoSpace),
+                Err(StoreError::NoSpace),
+                Err(StoreError::NoSpace),
+                Ok(()),
+                Ok(()),
+                Ok(()),
+                Ok(()),
+            ]
+        );
+        assert!(
+            !mvcc.lessor.lock().contains(5),
+            "a refused grant grants nothing"
+        );
+        // The nested put and the delete each took a revision; the refusals none.
+        assert_eq!(cursor.rev, revision + 2);
+        assert!(applied.over_quota.is_empty());
+        // Cleared: writes apply again.
+        apply(
+            &db,
+            &mvcc,
+            &mut cursor,
+            &[alarm(AlarmAction::Deactivate, 7, AlarmType::Nospace)],
+            none,
+        );
+        let applied = apply(&db, &mvcc, &mut cursor, &[Cmd::Put(put("b"))], none);
+        assert_eq!(outcomes(&applied), [Ok(())]);
+    }
+
+    #[test]
+    fn corrupt_refuses_every_write_but_serves_read_only_txns() {
+        let (db, mvcc, mut cursor) = fresh();
+        let none = QuotaCheck::default();
+        apply(&db, &mvcc, &mut cursor, &[Cmd::Put(put("a"))], none);
+        apply(
+            &db,
+            &mvcc,
+            &mut cursor,
+            &[
+                alarm(AlarmAction::Activate, 7, AlarmType::Nospace),
+                alarm(AlarmAction::Activate, 8, AlarmType::Corrupt),
+            ],
+            none,
+        );
+        let applied = apply(
+            &db,
+            &mvcc,
+            &mut cursor,
+            &[
+                Cmd::Put(put("b")),
+                Cmd::DeleteRange(DeleteRangeRequest {
+                    key: Bytes::from_static(b"a"),
+                    ..Default::default()
+                }),
+                Cmd::Txn(TxnRequest {
+                    success: vec![op(request_op::Request::RequestDeleteRange(
+                        DeleteRangeRequest {
+                            key: Bytes::from_static(b"a"),
+                            ..Default::default()
+                        },
+                    ))],
+                    ..Default::default()
+                }),
+                Cmd::Txn(TxnRequest {
+                    success: vec![op(request_op::Request::RequestRange(
+                        RangeRequest::default(),
+                    ))],
+                    ..Default::default()
+                }),
+                Cmd::Compaction(CompactionRequest {
+                    revision: 2,
+                    physical: false,
+                }),
+                Cmd::LeaseGrant(LeaseGrantRequest { ttl: 10, id: 5 }),
+                Cmd::LeaseRevoke(LeaseRevokeRequest { id: 5 }),
+            ],
+            none,
+        );
+        assert_eq!(
+            outcomes(&applied),
+            [
+                Err(StoreError::Corrupt),
+                Err(StoreError::Corrupt),
+                Err(StoreError::Corrupt),
+                Ok(()),
+                Err(StoreError::Corrupt),
+                Err(StoreError::Corrupt),
+                Err(StoreError::Corrupt),
+            ]
+        );
+        // CORRUPT cleared, NOSPACE still active: capped, not plain.
+        apply(
+            &db,
+            &mvcc,
+            &mut cursor,
+            &[alarm(AlarmAction::Deactivate, 8, AlarmType::Corrupt)],
+            none,
+        );
+        let applied = apply(
+            &db,
+            &mvcc,
+            &mut cursor,
+            &[
+                Cmd::Put(put("b")),
+                Cmd::DeleteRange(DeleteRangeRequest {
+                    key: Bytes::from_static(b"a"),
+                    ..Default::default()
+                }),
+            ],
+            none,
+        );
+        assert_eq!(outcomes(&applied), [Err(StoreError::NoSpace), Ok(())]);
+    }
+
+    #[test]
+    fn past_the_quota_a_write_applies_but_answers_nospace() {
+        let (db, mvcc, mut cursor) = fresh();
+        let past = QuotaCheck {
+            limit: Some(1_000),
+            size: 900,
+        };
+        let revision = cursor.rev;
+        let applied = apply(
+            &db,
+            &mvcc,
+            &mut cursor,
+            &[
+                // 256 + 1 + 1: over.
+                Cmd::Put(put("a")),
+                // A txn of deletes costs nothing: fine.
+                Cmd::Txn(TxnRequest {
+                    success: vec![op(request_op::Request::RequestDeleteRange(
+                        DeleteRangeRequest {
+                            key: Bytes::from_static(b"zz"),
+                            ..Default::default()
+                        },
+                    ))],
+                    ..Default::default()
+                }),
+                // 64: within.
+                Cmd::LeaseGrant(LeaseGrantRequest { ttl: 10, id: 5 }),
+            ],
+            past,
+        );
+        assert_eq!(
+            outcomes(&applied),
+            [Err(StoreError::NoSpace), Ok(()), Ok(())]
+        );
+        assert_eq!(applied.over_quota, [0]);
+        // etcd's quota applier applies first, then answers: the put is there.
+        assert_eq!(cursor.rev, revision + 1);
+        assert_eq!(
+            mvcc.index.read().get(b"a", cursor.rev),
+            Some(Rev::new(cursor.rev, 0))
+        );
+    }
+
+    #[test]
+    fn alarm_requests_answer_as_etcds() {
+        let (db, mvcc, mut cursor) = fresh();
+        let none = QuotaCheck::default();
+        let responses = |applied: &Applied| -> Vec<Vec<(u64, i32)>> {
+            applied
+                .results
+                .iter()
+                .map(|r| match r {
+                    Ok(CommandResult::Alarm(resp)) => {
+                        assert_eq!(resp.header, None, "etcd 3.4 answers without a header");
+                        resp.alarms.iter().map(|a| (a.member_id, a.alarm)).collect()
+                    }
+                    other => panic!("not an alarm answer: {other:?}"),
+                })
+                .collect()
+        };
+        let applied = apply(
+            &db,
+            &mvcc,
+            &mut cursor,
+            &[
+                alarm(AlarmAction::Activate, 7, AlarmType::Nospace),
+                // Again: answered with the alarm, nothing changes.
+                alarm(AlarmAction::Activate, 7, AlarmType::Nospace),
+                alarm(AlarmAction::Activate, 3, AlarmType::Corrupt),
+                alarm(AlarmAction::Get, 0, AlarmType::None),
+                alarm(AlarmAction::Get, 0, AlarmType::Corrupt),
+                // Not active: answered with nothing.
+                alarm(AlarmAction::Deactivate, 8, AlarmType::Nospace),
+                alarm(AlarmAction::Deactivate, 7, AlarmType::Nospace),
+                alarm(AlarmAction::Get, 0, AlarmType::None),
+            ],
+            none,
+        );
+        assert_eq!(
+            responses(&applied),
+            [
+                vec![(7, 1)],
+                vec![(7, 1)],
+                vec![(3, 2)],
+                vec![(7, 1), (3, 2)],
+                vec![(3, 2)],
+                vec![],
+                vec![(7, 1)],
+                vec![(3, 2)],
+            ]
+        );
+        assert!(applied.alarms_changed);
+        // The table holds what memory holds, so a restart reads it back.
+        let txn = db.begin_read().expect("read");
+        let rows: Vec<(i32, u64)> = txn
+            .open_table(ALARMS)
+            .expect("alarms table")
+            .iter()
+            .expect("iterate")
+            .map(|row| row.expect("row").0.value())
+            .collect();
+        assert_eq!(rows, [(2, 3)]);
+        assert_eq!(mvcc.alarms.lock().all().len(), 1);
+    }
 }

@@ -20,6 +20,9 @@
 //!   change an answer. A simulated leader proposes revocations itself.
 //! - Watch events are returned by [`SyncStore::apply`] and read back by
 //!   [`SyncStore::history`]; there is no watch hub, the simulation feeds its own watchers.
+//! - There is no space quota (an in-memory database has no file to measure): alarms are
+//!   raised and cleared by commands only. The alarm table and the appliers it calls for are
+//!   the real store's.
 //!
 //! # Durability
 //! The real store commits redb durably only at checkpoints (every
@@ -44,8 +47,9 @@ use redb::{Database, Durability, ReadableDatabase};
 use crate::error::StoreError;
 use crate::mvcc::{self, KV, Mvcc};
 use crate::pb::command::{Command, Member};
-use crate::pb::etcdserverpb::{RangeRequest, RangeResponse, ResponseHeader};
+use crate::pb::etcdserverpb::{AlarmMember, RangeRequest, RangeResponse, ResponseHeader};
 use crate::pb::mvccpb::Event;
+use crate::quota::QuotaCheck;
 use crate::store::{
     ApplyCursor, CommandResult, State, apply_commands, check_entry_order, compaction_step, load,
     pin, raft_record, read_history, read_installed_snapshot, read_members, stage_install,
@@ -235,6 +239,7 @@ impl SyncStore {
             &txn,
             &mut cursor,
             entries.iter().map(|(_, command)| command.as_ref()),
+            QuotaCheck::default(),
         )?;
         txn.commit()?;
         // Published after the commit, in the real writer's order.
@@ -307,6 +312,11 @@ impl SyncStore {
     pub fn installed_snapshot(&self) -> Result<Option<(u64, u64)>, StoreError> {
         self.check_usable()?;
         read_installed_snapshot(&self.db.begin_read()?)
+    }
+
+    /// The active alarms, as the alarm table holds them and the apply path obeys them.
+    pub fn alarms(&self) -> Vec<AlarmMember> {
+        self.mvcc.alarms.lock().all()
     }
 
     /// Lease ids, ascending.

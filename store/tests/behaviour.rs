@@ -706,3 +706,179 @@ async fn paging_with_a_pinned_revision_is_consistent_under_writes() {
     assert_eq!(listed, expected);
     store.close();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_quota_the_store_raises_nospace_which_survives_a_restart_until_cleared() {
+    use skerry_store::pb::etcdserverpb::{
+        AlarmMember, AlarmRequest, AlarmType, TxnRequest, alarm_request::AlarmAction,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A quota below what a new store's file already takes: everything that costs is refused.
+    let store = Store::open(StoreConfig {
+        quota: Some(4096),
+        ..StoreConfig::new(dir.path())
+    })
+    .expect("open");
+    let member = store.member_id();
+    let nospace = vec![AlarmMember {
+        member_id: member,
+        alarm: AlarmType::Nospace as i32,
+    }];
+    assert!(store.alarms().is_empty());
+    let refused = store
+        .put(PutRequest {
+            key: b("k"),
+            value: b("v"),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(refused.err(), Some(StoreError::NoSpace));
+    // Refused before anything was proposed, with this member's alarm raised on the way.
+    assert_eq!(store.revision(), 1);
+    assert_eq!(store.alarms(), nospace);
+    assert_eq!(
+        store.lease_grant(60, 0).await.err(),
+        Some(StoreError::NoSpace)
+    );
+    // What costs nothing passes: a txn without puts, a delete, reads.
+    store
+        .txn(TxnRequest::default())
+        .await
+        .expect("an empty txn costs nothing");
+    store
+        .delete_range(DeleteRangeRequest {
+            key: b("k"),
+            ..Default::default()
+        })
+        .await
+        .expect("deletes go on");
+    store
+        .range(&RangeRequest {
+            key: b("k"),
+            ..Default::default()
+        })
+        .expect("reads go on");
+    store.close();
+
+    // Reopened without a quota: the alarm is in the store, and still stops writes.
+    let store = Store::open(StoreConfig {
+        quota: None,
+        ..StoreConfig::new(dir.path())
+    })
+    .expect("reopen");
+    assert_eq!(store.alarms(), nospace);
+    let refused = store
+        .put(PutRequest {
+            key: b("k"),
+            value: b("v"),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(refused.err(), Some(StoreError::NoSpace));
+    let listed = store
+        .alarm(AlarmRequest {
+            action: AlarmAction::Get as i32,
+            member_id: 0,
+            alarm: AlarmType::None as i32,
+        })
+        .await
+        .expect("alarm list");
+    assert_eq!(listed.alarms, nospace);
+    let cleared = store
+        .alarm(AlarmRequest {
+            action: AlarmAction::Deactivate as i32,
+            member_id: member,
+            alarm: AlarmType::Nospace as i32,
+        })
+        .await
+        .expect("disarm");
+    assert_eq!(cleared.alarms, nospace);
+    assert!(store.alarms().is_empty());
+    put(&store, "k", "v").await;
+    store.close();
+    let store = open(dir.path());
+    assert!(store.alarms().is_empty(), "the clearing is durable too");
+    store.close();
+}
+
+/// A replicated log that records what the store proposes and never applies it.
+#[derive(Default)]
+struct RecordingLog {
+    submitted: std::sync::Mutex<Vec<skerry_store::pb::command::Command>>,
+}
+
+impl skerry_store::replication::Replicator for RecordingLog {
+    fn submit(
+        &self,
+        command: skerry_store::pb::command::Command,
+        _reply: skerry_store::replication::Reply,
+    ) {
+        self.submitted.lock().expect("lock").push(command);
+    }
+    fn read_index(&self, reply: tokio::sync::oneshot::Sender<Result<u64, StoreError>>) {
+        let _ = reply.send(Err(StoreError::NoLeader));
+    }
+    fn status(&self) -> skerry_store::replication::ReplicaStatus {
+        skerry_store::replication::ReplicaStatus::default()
+    }
+    fn renew_lease(&self, _id: i64) {}
+}
+
+#[test]
+fn a_member_past_its_quota_raises_its_own_alarm_for_entries_others_proposed() {
+    use skerry_store::pb::command::{Command, command};
+    use skerry_store::pb::etcdserverpb::{AlarmType, alarm_request::AlarmAction};
+    use skerry_store::replication::Committed;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(StoreConfig {
+        replicated: true,
+        identity: Some((0xc1, 7)),
+        quota: Some(4096),
+        ..StoreConfig::new(dir.path())
+    })
+    .expect("open");
+    let log = std::sync::Arc::new(RecordingLog::default());
+    store.set_replicator(log.clone());
+    // Another member's put, committed: it applies here, past this member's quota.
+    let (reply, mut rx) = tokio::sync::oneshot::channel();
+    store
+        .apply_committed(vec![
+            Committed {
+                index: 1,
+                command: Some(Command {
+                    command: Some(command::Command::Put(PutRequest {
+                        key: b("k"),
+                        value: b("v"),
+                        ..Default::default()
+                    })),
+                }),
+                reply: None,
+            },
+            // A no-op entry with a reply, to know when the batch before it is done.
+            Committed {
+                index: 2,
+                command: None,
+                reply: Some(reply),
+            },
+        ])
+        .expect("hand over");
+    let deadline = std::time::Instant::now() + WAIT;
+    while rx.try_recv().is_err() {
+        assert!(std::time::Instant::now() < deadline, "not applied in time");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(store.revision(), 2, "the put applied all the same");
+    let submitted = log.submitted.lock().expect("lock").clone();
+    let raised: Vec<_> = submitted
+        .iter()
+        .filter_map(|c| match &c.command {
+            Some(command::Command::Alarm(a)) => Some((a.action, a.member_id, a.alarm)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        raised,
+        [(AlarmAction::Activate as i32, 7, AlarmType::Nospace as i32)]
+    );
+    store.close();
+}

@@ -1,6 +1,7 @@
 //! Raft snapshots, store side: pinning a member's store, installing it into another member
 //! (contents, watchers, durability, concurrent readers), refusing a bad snapshot, and the
-//! membership records that snapshots carry between members but not into a restored cluster.
+//! membership records that snapshots carry between members but not into a restored cluster,
+//! and the alarms they carry into both.
 //!
 //! The stores here are replicated ones fed through `apply_committed`, as the Raft layer feeds
 //! them: from plain threads, since `apply_committed` and `install_snapshot` block.
@@ -15,8 +16,9 @@ use prost::Message;
 use sha2::{Digest, Sha256};
 use skerry_store::pb::command::{Command, Member, MemberAttributes, Membership, command};
 use skerry_store::pb::etcdserverpb::{
-    CompactionRequest, DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest,
-    RangeResponse, RequestOp, TxnRequest, WatchCreateRequest, WatchResponse, request_op,
+    AlarmRequest, AlarmType, CompactionRequest, DeleteRangeRequest, LeaseGrantRequest, PutRequest,
+    RangeRequest, RangeResponse, RequestOp, TxnRequest, WatchCreateRequest, WatchResponse,
+    alarm_request::AlarmAction, request_op,
 };
 use skerry_store::pb::mvccpb::{Event, KeyValue};
 use skerry_store::replication::Committed;
@@ -798,6 +800,16 @@ fn restoring_a_snapshot_makes_a_new_cluster_without_the_old_members() {
     let dir_a = tempfile::tempdir().expect("tempdir");
     let mut a = Replica::open(dir_a.path(), 1);
     build_history(&mut a);
+    // An active alarm: etcd's restore keeps its alarm bucket, so the restored store starts
+    // with it (and refuses writes until it is cleared).
+    a.apply(command::Command::Alarm(AlarmRequest {
+        action: AlarmAction::Activate as i32,
+        member_id: 1,
+        alarm: AlarmType::Nospace as i32,
+    }))
+    .expect("raise");
+    let alarms = a.store.alarms();
+    assert_eq!(alarms.len(), 1);
     let expected = contents(&everything(&a.store, 0).expect("range"));
     let revision = a.store.revision();
     assert!(!a.store.members().expect("members").is_empty());
@@ -823,6 +835,7 @@ fn restoring_a_snapshot_makes_a_new_cluster_without_the_old_members() {
     assert_eq!(restored.conf_state().expect("conf state"), None);
     assert_eq!(restored.installed_snapshot().expect("read"), None);
     assert_ne!(restored.cluster_id(), CLUSTER);
+    assert_eq!(restored.alarms(), alarms);
     restored.close();
 }
 

@@ -4,8 +4,9 @@
 //! determinism (the same inputs give byte-identical snapshots).
 //!
 //! Commands are drawn from seeded RNGs over a small keyspace, so that puts, deletes, txns
-//! with compares, compactions, leases and membership collide often; every assertion names the
-//! seed, and a failure replays exactly from it.
+//! with compares, compactions, leases, membership and alarms (which change how later commands
+//! apply) collide often; every assertion names the seed, and a failure replays exactly from
+//! it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -15,9 +16,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use skerry_store::pb::command::{Command, Member, MemberAttributes, Membership, command};
 use skerry_store::pb::etcdserverpb::{
-    CompactionRequest, Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest,
-    PutRequest, RangeRequest, RangeResponse, RequestOp, TxnRequest, WatchCreateRequest, compare,
-    request_op,
+    AlarmMember, AlarmRequest, AlarmType, CompactionRequest, Compare, DeleteRangeRequest,
+    LeaseGrantRequest, LeaseRevokeRequest, PutRequest, RangeRequest, RangeResponse, RequestOp,
+    TxnRequest, WatchCreateRequest, alarm_request::AlarmAction, compare, request_op,
 };
 use skerry_store::pb::mvccpb::{Event, KeyValue};
 use skerry_store::replication::Committed;
@@ -56,6 +57,9 @@ const LEASE_IDS_MAX: i64 = 4;
 
 /// Member ids drawn from for membership commands.
 const MEMBER_IDS_MAX: u64 = 4;
+
+/// Members named by alarm commands: two, so that alarms of several members overlap.
+const ALARM_MEMBERS: [u64; 2] = [1, 2];
 
 /// Entries applied one by one in the timing check.
 const TIMING_ENTRIES: u64 = 10_000;
@@ -252,7 +256,7 @@ fn random_command(rng: &mut StdRng, revision: i64, floor: i64) -> Option<Command
                     .map(|_| rng.random_range(1..=MEMBER_IDS_MAX))
                     .collect(),
             }),
-            90..=94 => {
+            90..=92 => {
                 let id = rng.random_range(1..=MEMBER_IDS_MAX);
                 command::Command::MemberAttributes(MemberAttributes {
                     id,
@@ -260,6 +264,7 @@ fn random_command(rng: &mut StdRng, revision: i64, floor: i64) -> Option<Command
                     client_urls: vec![format!("http://c{id}:2379")],
                 })
             }
+            93..=96 => command::Command::Alarm(random_alarm(rng)),
             _ => return None,
         };
         let valid = match &candidate {
@@ -277,6 +282,45 @@ fn random_command(rng: &mut StdRng, revision: i64, floor: i64) -> Option<Command
     Some(Command {
         command: Some(command),
     })
+}
+
+/// An alarm request: mostly clearing, so that `NOSPACE` and `CORRUPT` are active now and
+/// then, not most of the time (each refuses much of what follows); now and then of type
+/// `NONE`, or an action etcd does not know.
+fn random_alarm(rng: &mut StdRng) -> AlarmRequest {
+    let action = match rng.random_range(0..100) {
+        0..=4 => AlarmAction::Activate as i32,
+        5..=89 => AlarmAction::Deactivate as i32,
+        90..=97 => AlarmAction::Get as i32,
+        _ => 7,
+    };
+    let alarm = match rng.random_range(0..20) {
+        0 => AlarmType::None,
+        1..=10 => AlarmType::Nospace,
+        _ => AlarmType::Corrupt,
+    };
+    AlarmRequest {
+        action,
+        member_id: ALARM_MEMBERS[rng.random_range(0..ALARM_MEMBERS.len())],
+        alarm: alarm as i32,
+    }
+}
+
+/// Clears every alarm [`random_alarm`] can raise.
+fn clear_alarms() -> Vec<Command> {
+    let mut out = Vec::new();
+    for member_id in ALARM_MEMBERS {
+        for alarm in [AlarmType::None, AlarmType::Nospace, AlarmType::Corrupt] {
+            out.push(Command {
+                command: Some(command::Command::Alarm(AlarmRequest {
+                    action: AlarmAction::Deactivate as i32,
+                    member_id,
+                    alarm: alarm as i32,
+                })),
+            });
+        }
+    }
+    out
 }
 
 /// A batch of 1..=[`BATCH_ENTRIES_MAX`] entries numbered from `next_index`.
@@ -389,6 +433,7 @@ trait View {
     fn leases(&self) -> Vec<(i64, i64, Vec<Bytes>)>;
     fn members(&self) -> Vec<Member>;
     fn conf_state(&self) -> Option<Vec<u8>>;
+    fn alarms(&self) -> Vec<AlarmMember>;
 }
 
 impl View for Store {
@@ -421,6 +466,9 @@ impl View for Store {
     }
     fn conf_state(&self) -> Option<Vec<u8>> {
         Store::conf_state(self).expect("conf state")
+    }
+    fn alarms(&self) -> Vec<AlarmMember> {
+        Store::alarms(self)
     }
 }
 
@@ -455,6 +503,9 @@ impl View for SyncStore {
     fn conf_state(&self) -> Option<Vec<u8>> {
         SyncStore::conf_state(self).expect("conf state")
     }
+    fn alarms(&self) -> Vec<AlarmMember> {
+        SyncStore::alarms(self)
+    }
 }
 
 /// Every key at `revision` (0: the current one), without the header (which names the
@@ -472,7 +523,7 @@ fn everything(store: &impl View, revision: i64) -> Contents {
 
 /// Everything a store is, short of its identity, as one comparable value: the keyspace at
 /// every revision from just below the floor to just past the current one, the whole
-/// retained history, leases and membership.
+/// retained history, leases, membership and alarms.
 #[derive(Debug, PartialEq)]
 struct Observed {
     applied_index: u64,
@@ -484,6 +535,7 @@ struct Observed {
     leases: Vec<(i64, i64, Vec<Bytes>)>,
     members: Vec<Member>,
     conf_state: Option<Vec<u8>>,
+    alarms: Vec<AlarmMember>,
 }
 
 fn observe(store: &impl View) -> Observed {
@@ -501,6 +553,7 @@ fn observe(store: &impl View) -> Observed {
         leases: store.leases(),
         members: store.members(),
         conf_state: store.conf_state(),
+        alarms: store.alarms(),
     }
 }
 
@@ -553,8 +606,28 @@ fn differential(seed: u64) {
     let mut sync = SyncStore::new(CLUSTER, 1).expect("new sync store");
     let mut next = 1;
     let mut errors = 0;
+    let mut alarmed_steps = 0;
     for step in 0..DIFFERENTIAL_STEPS {
-        let batch = random_batch(&mut rng, next, sync.revision(), sync.compact_revision());
+        let mut batch = random_batch(&mut rng, next, sync.revision(), sync.compact_revision());
+        // Besides the rare random ones, each alarm for a stretch of certain length.
+        let raise = |alarm: AlarmType| {
+            Some(Command {
+                command: Some(command::Command::Alarm(AlarmRequest {
+                    action: AlarmAction::Activate as i32,
+                    member_id: ALARM_MEMBERS[0],
+                    alarm: alarm as i32,
+                })),
+            })
+        };
+        let scheduled: Vec<Option<Command>> = match step {
+            40 => vec![raise(AlarmType::Nospace)],
+            100 => vec![raise(AlarmType::Corrupt)],
+            60 | 120 => clear_alarms().into_iter().map(Some).collect(),
+            _ => Vec::new(),
+        };
+        for command in scheduled {
+            batch.push((next + batch.len() as u64, command));
+        }
         next += batch.len() as u64;
         let expected = apply_real(&real, &batch);
         let applied = apply_sync(&mut sync, &batch);
@@ -562,6 +635,8 @@ fn differential(seed: u64) {
         assert_eq!(render(&applied.results), render(&expected), "{at}");
         assert_eq!(applied.first_index, batch[0].0, "{at}");
         errors += expected.iter().filter(|r| r.is_err()).count();
+        assert_eq!(sync.alarms(), real.alarms(), "{at}");
+        alarmed_steps += usize::from(!sync.alarms().is_empty());
         // The events are what the real store's watcher heard, prev_kv included.
         let heard = receive_events(&mut watch_rx, applied.events.len());
         assert_eq!(applied.events, heard, "{at}");
@@ -589,6 +664,10 @@ fn differential(seed: u64) {
         "seed {seed}: nothing compacted"
     );
     assert!(!sync.members().expect("members").is_empty(), "seed {seed}");
+    assert!(
+        alarmed_steps > 0 && alarmed_steps < DIFFERENTIAL_STEPS / 2,
+        "seed {seed}: alarms active after {alarmed_steps} of {DIFFERENTIAL_STEPS} steps"
+    );
     assert_eq!(observe(&sync), observe(&real), "seed {seed}: at the end");
     // Once the real store's physical compaction has caught up, the two hold the same rows
     // to the byte: the same snapshot stream and the same hash.
@@ -656,15 +735,17 @@ fn a_crash_goes_back_to_the_checkpoint_and_the_log_replays_the_rest() {
     let at_checkpoint = observe_sync(&store);
     assert_eq!(at_checkpoint.3, checkpoint_index);
 
-    // After the checkpoint: random entries, then a compaction, a lease and a membership
-    // change for certain, so that the crash has to take each kind back.
+    // After the checkpoint: random entries, then (alarms cleared, so that nothing is refused)
+    // a compaction, a lease, a membership change and an alarm for certain, so that the
+    // crash has to take each kind back.
     let Run {
         entries: lost,
         results: mut lost_results,
         events: mut lost_events,
     } = run_random(&mut rng, &mut store, 150);
     log.extend(lost);
-    let mut tail = vec![
+    let mut tail = clear_alarms();
+    tail.extend([
         Command {
             command: Some(command::Command::Compaction(CompactionRequest {
                 revision: store.revision(),
@@ -696,19 +777,27 @@ fn a_crash_goes_back_to_the_checkpoint_and_the_log_replays_the_rest() {
                 removed: vec![],
             })),
         },
-    ]
-    .into_iter()
-    .map(Some)
-    .collect::<Vec<_>>();
+        Command {
+            command: Some(command::Command::Alarm(AlarmRequest {
+                action: AlarmAction::Activate as i32,
+                member_id: 9,
+                alarm: AlarmType::Nospace as i32,
+            })),
+        },
+    ]);
+    let mut tail: Vec<Option<Command>> = tail.into_iter().map(Some).collect();
     tail.push(None);
     let first = store.applied_index() + 1;
     let tail: Vec<Entry> = (first..).zip(tail).collect();
     let applied = apply_sync(&mut store, &tail);
     assert!(
-        applied.results[..4].iter().all(Result::is_ok),
+        applied.results[..applied.results.len() - 1]
+            .iter()
+            .all(Result::is_ok),
         "{:?}",
         applied.results
     );
+    assert!(store.alarms().iter().any(|a| a.member_id == 9));
     lost_results.extend(render(&applied.results));
     lost_events.extend(applied.events);
     log.extend(tail);
@@ -790,6 +879,17 @@ fn snapshots_install_between_sync_stores_and_real_stores() {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut a = SyncStore::new(CLUSTER, 1).expect("new");
     run_random(&mut rng, &mut a, 200);
+    // An active alarm, which the snapshot must carry (every observation compares alarms).
+    let raise = Command {
+        command: Some(command::Command::Alarm(AlarmRequest {
+            action: AlarmAction::Activate as i32,
+            member_id: 3,
+            alarm: AlarmType::Nospace as i32,
+        })),
+    };
+    let next = a.applied_index() + 1;
+    apply_sync(&mut a, &[(next, Some(raise))]);
+    assert!(!a.alarms().is_empty());
     let snapshot = a.snapshot().expect("snapshot");
     assert_eq!(snapshot.applied_index, a.applied_index());
     assert_eq!(snapshot.revision, a.revision());

@@ -42,7 +42,7 @@ fn thousands_of_seeded_fault_schedules_keep_every_guarantee() {
     let seeds = env_u64("SKERRY_SIM_SEEDS").unwrap_or(CI_SEEDS);
     let next = Arc::new(AtomicU64::new(CI_FIRST_SEED));
     let failures = Arc::new(Mutex::new(Vec::new()));
-    let totals = Arc::new(Mutex::new((0u64, 0u64, 0u64, 0u64, 0u64)));
+    let totals = Arc::new(Mutex::new((0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64)));
     let threads: Vec<_> = (0..2)
         .map(|_| {
             let next = next.clone();
@@ -63,6 +63,8 @@ fn thousands_of_seeded_fault_schedules_keep_every_guarantee() {
                                 t.2 += s.partitions;
                                 t.3 += s.snapshots_installed;
                                 t.4 += s.members_replaced;
+                                t.5 += s.leaders_moved;
+                                t.6 += s.alarms_raised;
                             }
                             if !outcome.is_valid()
                                 && let Ok(mut f) = failures.lock()
@@ -85,8 +87,9 @@ fn thousands_of_seeded_fault_schedules_keep_every_guarantee() {
     }
     let t = *totals.lock().expect("totals");
     eprintln!(
-        "{seeds} seeds: {} ops, {} crashes, {} partitions, {} snapshots sent, {} members replaced",
-        t.0, t.1, t.2, t.3, t.4
+        "{seeds} seeds: {} ops, {} crashes, {} partitions, {} snapshots sent, {} members \
+         replaced, leadership moved {} times on request, {} alarms raised",
+        t.0, t.1, t.2, t.3, t.4, t.5, t.6
     );
     let failures = failures.lock().expect("failures");
     for f in failures.iter().take(3) {

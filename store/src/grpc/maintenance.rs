@@ -10,6 +10,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::{ETCD_VERSION_REPORTED, EtcdApi, status};
+use crate::alarm::alarm_text;
 use crate::error::StoreError;
 use crate::pb::etcdserverpb::{
     AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, HashKvRequest,
@@ -17,8 +18,7 @@ use crate::pb::etcdserverpb::{
     MemberListRequest, MemberListResponse, MemberPromoteRequest, MemberPromoteResponse,
     MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
     MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest,
-    StatusResponse, alarm_request::AlarmAction, cluster_server::Cluster,
-    maintenance_server::Maintenance,
+    StatusResponse, cluster_server::Cluster, maintenance_server::Maintenance,
 };
 use crate::replication::MembershipChange;
 
@@ -41,17 +41,13 @@ impl Maintenance for EtcdApi {
         &self,
         request: Request<AlarmRequest>,
     ) -> Result<Response<AlarmResponse>, Status> {
-        // skerry raises no alarms (it has no space quota yet), so the list is always empty
-        // and there is nothing to activate or deactivate.
-        match AlarmAction::try_from(request.get_ref().action) {
-            Ok(AlarmAction::Get) => Ok(Response::new(AlarmResponse {
-                header: Some(self.store.header(self.store.revision())),
-                alarms: Vec::new(),
-            })),
-            _ => Err(Status::unimplemented(
-                "skerry: alarms cannot be raised or cleared by hand",
-            )),
-        }
+        // etcd 3.4 answers alarm requests without a header.
+        let response = self
+            .store
+            .alarm(request.into_inner())
+            .await
+            .map_err(status)?;
+        Ok(Response::new(response))
     }
 
     async fn status(
@@ -60,6 +56,8 @@ impl Maintenance for EtcdApi {
     ) -> Result<Response<StatusResponse>, Status> {
         let s = self.store.status().await.map_err(status)?;
         let replica = self.store.replica_status();
+        // etcd lists every active alarm among the errors, in protobuf's text form.
+        let errors = self.store.alarms().iter().map(alarm_text).collect();
         Ok(Response::new(StatusResponse {
             header: Some(self.store.header(s.revision)),
             version: ETCD_VERSION_REPORTED.into(),
@@ -68,7 +66,7 @@ impl Maintenance for EtcdApi {
             raft_index: replica.commit_index,
             raft_term: replica.term,
             raft_applied_index: s.applied_index,
-            errors: Vec::new(),
+            errors,
             db_size_in_use: i64::try_from(s.db_size_in_use).unwrap_or(i64::MAX),
             is_learner: false,
         }))
@@ -171,14 +169,12 @@ impl Maintenance for EtcdApi {
         &self,
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        if request.get_ref().target_id != self.store.member_id() {
-            return Err(Status::failed_precondition(
-                "etcdserver: bad leader transferee",
-            ));
-        }
-        Ok(Response::new(MoveLeaderResponse {
-            header: Some(self.store.header(self.store.revision())),
-        }))
+        self.store
+            .move_leader(request.get_ref().target_id)
+            .await
+            .map_err(status)?;
+        // etcd answers with an empty response, no header.
+        Ok(Response::new(MoveLeaderResponse { header: None }))
     }
 }
 

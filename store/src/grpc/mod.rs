@@ -85,8 +85,14 @@ pub fn status(e: StoreError) -> tonic::Status {
         | StoreError::MemberNotLearner
         | StoreError::LearnerNotReady
         | StoreError::TooManyLearners
+        | StoreError::NotLeader
+        | StoreError::BadLeaderTransferee
         | StoreError::Unsupported(_) => Code::FailedPrecondition,
+        // etcd's `togRPCError` has no entry for it, so it goes out as Unknown.
+        StoreError::LeaderTransferTimeout => Code::Unknown,
         StoreError::MemberBadUrls => Code::InvalidArgument,
+        StoreError::NoSpace => Code::ResourceExhausted,
+        StoreError::Corrupt => Code::DataLoss,
         StoreError::Stopped
         | StoreError::NoLeader
         | StoreError::LeaderChanged

@@ -8,8 +8,10 @@
 //! reordering, partitions (majority/minority, bridge, one-way), crashes that lose what was not
 //! synced (log and store) and restarts from what was, log compaction and snapshots to members
 //! that fell behind, and the replacement of a member (removed, wiped, added as a learner,
-//! caught up, promoted), under concurrent clients doing gets, puts, deletes, CAS txns and
-//! range reads.
+//! caught up, promoted), leadership moved on request (`MoveLeader`, refused as etcd refuses
+//! it or carried out), alarms raised and cleared (writes refused alike on every member
+//! meanwhile), under concurrent clients doing gets, puts, deletes, CAS txns and range
+//! reads.
 //!
 //! What it does not: watches (the watch hub is the threaded store's and is judged in the
 //! real-process runs), leases (expiry runs on the wall clock), TLS and the TCP transport.
@@ -43,7 +45,8 @@ impl SeedOutcome {
         let s = &self.run.stats;
         let mut out = format!(
             "seed {}: {} ops, {} messages ({} dropped), {} partitions, {} crashes, {} snapshots \
-             sent, {} members replaced, {} virtual ms\n{}",
+             sent, {} members replaced, leadership moved {} times ({} refused, {} timed out), \
+             {} alarms raised and {} cleared, {} virtual ms\n{}",
             self.run.seed,
             self.run.history.len(),
             s.messages,
@@ -52,6 +55,11 @@ impl SeedOutcome {
             s.crashes,
             s.snapshots_installed,
             s.members_replaced,
+            s.leaders_moved,
+            s.transfers_refused,
+            s.transfers_timed_out,
+            s.alarms_raised,
+            s.alarms_cleared,
             s.virtual_ms,
             self.report
         );

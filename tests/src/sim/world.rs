@@ -18,8 +18,8 @@ use skerry_store::CommandResult;
 use skerry_store::StoreError;
 use skerry_store::pb::command::{Command, Member as MemberRecord, command::Command as Cmd};
 use skerry_store::pb::etcdserverpb::{
-    Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, compare,
-    request_op,
+    AlarmRequest, AlarmType, Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp,
+    TxnRequest, alarm_request::AlarmAction, compare, request_op,
 };
 use skerry_store::replication::MembershipChange;
 use skerry_store::sync_store::SyncStore;
@@ -109,6 +109,14 @@ pub struct RunStats {
     pub partitions: u64,
     pub snapshots_installed: u64,
     pub members_replaced: u64,
+    /// Leadership transfers a client asked for (`MoveLeader`) that moved leadership.
+    pub leaders_moved: u64,
+    /// Those refused at once (not the leader, not a voter) or given up on in time.
+    pub transfers_refused: u64,
+    pub transfers_timed_out: u64,
+    /// Alarms (`NOSPACE`, `CORRUPT`) proposed, and clearings of them.
+    pub alarms_raised: u64,
+    pub alarms_cleared: u64,
     pub virtual_ms: u64,
 }
 
@@ -149,6 +157,14 @@ struct Client {
     pending: Option<(usize, Waiting, Nanos)>,
     next_at: Nanos,
     counter: u64,
+}
+
+/// A leadership transfer the nemesis asked a member for (etcd's `MoveLeader`), waiting.
+struct Transfer {
+    /// The member asked, and the member it should hand leadership to.
+    asked: usize,
+    target: u64,
+    rx: oneshot::Receiver<Result<(), StoreError>>,
 }
 
 /// A membership change the nemesis drives through a client-like request.
@@ -192,6 +208,9 @@ pub struct World {
     next_fault: Nanos,
     replacement: Replacement,
     replaced: bool,
+    transfers: Vec<Transfer>,
+    /// The alarm the nemesis raised last and has not cleared since, if any.
+    alarm: Option<(u64, AlarmType)>,
     divergences: Vec<String>,
     stats: RunStats,
     /// [`TICK_JITTER_PERCENT`], but for a test that makes members tick in step.
@@ -250,6 +269,8 @@ impl World {
             net_delay_fixed: None,
             replacement: Replacement::Idle,
             replaced: false,
+            transfers: Vec::new(),
+            alarm: None,
             divergences: Vec::new(),
             stats: RunStats::default(),
             seed,
@@ -681,6 +702,12 @@ impl World {
                 Waiting::Write(mut rx) => match rx.try_recv() {
                     Ok(Ok(result)) => Some((answer_of(&result), false)),
                     Ok(Err(StoreError::NoLeader)) => Some((Outcome::Failed, true)),
+                    // Refused by an alarm applier before anything was written. (A member
+                    // past its space quota answers NoSpace for a write it did apply; the
+                    // simulated stores have no quota, so here NoSpace is always a refusal.)
+                    Ok(Err(StoreError::NoSpace | StoreError::Corrupt)) => {
+                        Some((Outcome::Failed, false))
+                    }
                     Ok(Err(_)) => Some((Outcome::Unknown, true)),
                     Err(oneshot::error::TryRecvError::Closed) => Some((Outcome::Unknown, true)),
                     Err(oneshot::error::TryRecvError::Empty) => {
@@ -866,7 +893,137 @@ impl World {
                     && matches!(self.replacement, Replacement::Idle)
                 {
                     self.begin_replacement();
+                } else if self.chance(50) {
+                    self.move_leader();
+                } else {
+                    self.toggle_alarm();
                 }
+            }
+        }
+    }
+
+    /// Asks a member (the leader, most of the time) to hand leadership to another member
+    /// (a voter, most of the time), as `etcdctl move-leader` does, under whatever faults are
+    /// in force. A refusal must be the one the state at the time calls for; an answer of
+    /// success must come from a member that sees the target lead.
+    fn move_leader(&mut self) {
+        let live = self.live();
+        if live.is_empty() {
+            return;
+        }
+        let asked = match self.leader() {
+            Some(l) if self.chance(80) => l,
+            _ => live[self.rand_range(0, live.len() as u64) as usize],
+        };
+        let target = if self.chance(10) {
+            // No such member.
+            0xdead
+        } else {
+            let ids: Vec<u64> = self
+                .members
+                .iter()
+                .filter(|m| !m.gone)
+                .map(|m| m.id)
+                .collect();
+            ids[self.rand_range(0, ids.len() as u64) as usize]
+        };
+        let Some(core) = self.members[asked].core.as_ref() else {
+            return;
+        };
+        let leads = core.raw().raft.state == raft::StateRole::Leader;
+        let voter = core.raw().raft.prs().conf().voters().contains(target);
+        let expected = if !leads {
+            Some(Err(StoreError::NotLeader))
+        } else if !voter {
+            Some(Err(StoreError::BadLeaderTransferee))
+        } else if target == self.members[asked].id {
+            Some(Ok(()))
+        } else {
+            None
+        };
+        let (tx, mut rx) = oneshot::channel();
+        self.input(asked, Input::MoveLeader { target, reply: tx });
+        match (expected, rx.try_recv()) {
+            (Some(expected), Ok(answer)) if answer == expected => {
+                if answer.is_err() {
+                    self.stats.transfers_refused += 1;
+                }
+            }
+            (None, Err(oneshot::error::TryRecvError::Empty)) => {
+                self.transfers.push(Transfer { asked, target, rx });
+            }
+            (expected, answer) => self.divergences.push(format!(
+                "move-leader to {target:x} asked of {:x} (leads: {leads}, voter: {voter}): \
+                 expected {expected:?} at once, got {answer:?}",
+                self.members[asked].id
+            )),
+        }
+    }
+
+    /// Raises an alarm (mostly `NOSPACE`, sometimes `CORRUPT`) through a member, as a
+    /// member past its quota or a client (`Maintenance.Alarm`) does, or clears the one
+    /// raised before. While it is active, writes are refused by the alarm appliers on every
+    /// member alike; clients count those refusals as failed, since nothing was written.
+    fn toggle_alarm(&mut self) {
+        let live = self.live();
+        if live.is_empty() {
+            return;
+        }
+        let via = live[self.rand_range(0, live.len() as u64) as usize];
+        let (action, member, alarm) = match self.alarm.take() {
+            Some((member, alarm)) => {
+                self.stats.alarms_cleared += 1;
+                (AlarmAction::Deactivate, member, alarm)
+            }
+            None => {
+                let alarm = if self.chance(20) {
+                    AlarmType::Corrupt
+                } else {
+                    AlarmType::Nospace
+                };
+                let member = self.members[via].id;
+                self.alarm = Some((member, alarm));
+                self.stats.alarms_raised += 1;
+                (AlarmAction::Activate, member, alarm)
+            }
+        };
+        let command = Command {
+            command: Some(Cmd::Alarm(AlarmRequest {
+                action: action as i32,
+                member_id: member,
+                alarm: alarm as i32,
+            })),
+        };
+        // Not waited for: a proposal lost in a leader change is as if never made.
+        let (tx, _rx) = oneshot::channel();
+        self.input(via, Input::Propose { command, reply: tx });
+    }
+
+    /// Transfers answered since the last step: a success only from a member that sees the
+    /// target lead; a timeout, or a stop when the member asked crashed, are the others.
+    fn poll_transfers(&mut self) {
+        for mut transfer in std::mem::take(&mut self.transfers) {
+            match transfer.rx.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => self.transfers.push(transfer),
+                Ok(Ok(())) => {
+                    let seen = self.members[transfer.asked]
+                        .core
+                        .as_ref()
+                        .map(|c| c.status().leader);
+                    if seen != Some(transfer.target) {
+                        self.divergences.push(format!(
+                            "move-leader to {:x} answered success while {:x} sees leader {seen:x?}",
+                            transfer.target, self.members[transfer.asked].id
+                        ));
+                    }
+                    self.stats.leaders_moved += 1;
+                }
+                Ok(Err(StoreError::LeaderTransferTimeout)) => self.stats.transfers_timed_out += 1,
+                Ok(Err(StoreError::Stopped)) | Err(oneshot::error::TryRecvError::Closed) => {}
+                Ok(Err(e)) => self.divergences.push(format!(
+                    "move-leader to {:x} failed with {e}",
+                    transfer.target
+                )),
             }
         }
     }
@@ -1202,6 +1359,7 @@ impl World {
         }
         self.poll_clients();
         self.poll_replacement();
+        self.poll_transfers();
     }
 
     /// Runs the schedule, then heals every fault and lets the cluster settle, and reads the
@@ -1287,6 +1445,7 @@ impl World {
             (store.applied_index(), store.revision())
         };
         let reference = self.members[leader].store.borrow().history(2, revision);
+        let reference_alarms = self.members[leader].store.borrow().alarms();
         for (i, m) in self.members.iter().enumerate() {
             if i == leader || m.core.is_none() {
                 continue;
@@ -1307,6 +1466,13 @@ impl World {
                     store.revision()
                 ));
                 continue;
+            }
+            if store.alarms() != reference_alarms {
+                self.divergences.push(format!(
+                    "member {:x}'s alarms {:?} differ from the leader's {reference_alarms:?}",
+                    m.id,
+                    store.alarms()
+                ));
             }
             let from = store.compact_revision().max(1) + 1;
             let mine = store.history(from, revision);
