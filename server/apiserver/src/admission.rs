@@ -1,5 +1,7 @@
 //! Admission: the checks that run after decoding and validation and before the store write.
 //!
+//! - NamespaceLifecycle — no new content in a namespace that does not exist or is being
+//!   deleted ([`admit_namespace`]).
 //! - OwnerReferencesPermissionEnforcement — setting `blockOwnerDeletion` on an owner
 //!   reference needs `update` on the owner's `finalizers`, decided with a single wildcard
 //!   probe first (`docs/tricks.md` #12, one wildcard RBAC probe for owner-reference
@@ -83,6 +85,58 @@ fn check_owner_refs(
                 .unwrap_or(""),
             decision.reason
         )))
+    }
+}
+
+/// Refuses writes into a namespace that does not exist or is being deleted (Kubernetes'
+/// NamespaceLifecycle admission).
+pub async fn admit_namespace(
+    server: &ApiServer,
+    resource: &ResourceInfo,
+    namespace: Option<&str>,
+) -> Result<(), ApiError> {
+    let Some(ns) = namespace.filter(|_| resource.namespaced) else {
+        return Ok(());
+    };
+    let namespaces =
+        skerry_api::catalogue::lookup("", "v1", "namespaces").expect("namespaces are served");
+    let found = match server
+        .caches
+        .get("namespaces")
+        .and_then(|c| c.get(None, ns))
+    {
+        Some(o) => Some(o),
+        None => {
+            server
+                .timed(
+                    "get",
+                    namespaces,
+                    crate::storage::get(&server.store, namespaces, None, ns),
+                )
+                .await?
+        }
+    };
+    match found {
+        None => Err(ApiError::not_found("", "namespaces", ns)),
+        Some(o)
+            if o.value()
+                .pointer("/metadata/deletionTimestamp")
+                .is_some_and(|v| !v.is_null()) =>
+        {
+            let message = format!(
+                "unable to create new content in namespace {ns} because it is being terminated"
+            );
+            // Kubernetes' NamespaceLifecycle admission adds this cause; controllers (and
+            // client-go's `HasStatusCause`) recognise a terminating namespace by it.
+            let mut err = ApiError::forbidden(message.clone());
+            err.causes.push(skerry_api::Cause::new(
+                "NamespaceTerminating",
+                "metadata.namespace",
+                message,
+            ));
+            Err(err)
+        }
+        Some(_) => Ok(()),
     }
 }
 
