@@ -36,7 +36,7 @@ use crate::watch_cache::object::CachedObject;
 /// The message of a TokenReview without a token (`tokenreview.REST.Create`).
 pub const TOKEN_REQUIRED: &str = "token is required for TokenReview in authentication";
 
-/// `POST` of a review: decodes, validates and answers it. `review` is what the resource's
+/// `POST` of a review: decodes, validates and answers it. `review_kind` is what the resource's
 /// strategy says it is ([`crate::strategy::Strategy::review`]).
 pub async fn create(
     server: &Arc<ApiServer>,

@@ -106,8 +106,7 @@ pub(super) async fn admit_then_validate(
     name: &str,
     object: &mut Value,
 ) -> Result<Vec<String>, ApiError> {
-    crate::admission::admit_namespace(server, ctx.resource, ctx.namespace).await?;
-    crate::admission::admit_create(server, ctx.resource, object, ctx.user).await?;
+    crate::admission::admit_create(server, ctx.resource, ctx.namespace, object, ctx.user).await?;
     invalid(ctx.resource, name, strategy.validate(ctx, object))?;
     let warnings = strategy.warnings_on_create(ctx, object);
     strategy.canonicalize(object);
@@ -124,7 +123,6 @@ pub(super) async fn store_new(
     name: &str,
     object: Value,
 ) -> Result<Value, WriteError> {
-    let resource = ctx.resource;
     let lease = match strategy.ttl_leases(server) {
         Some(leases) => leases.lease(&server.store).await?,
         None => 0,
@@ -132,38 +130,18 @@ pub(super) async fn store_new(
     let mut what = "";
     for _ in 0..ALLOCATION_ATTEMPTS_MAX {
         let Some(allocation) = strategy.allocate(server, ctx, name, &object)? else {
-            return server
-                .timed(
-                    "create",
-                    resource,
-                    storage::create_with(
-                        &server.store,
-                        resource,
-                        ctx.namespace,
-                        name,
-                        object,
-                        &[],
-                        lease,
-                    ),
-                )
-                .await;
+            return insert(server, ctx, name, object, &[], lease).await;
         };
-        let result = server
-            .timed(
-                "create",
-                resource,
-                storage::create_with(
-                    &server.store,
-                    resource,
-                    ctx.namespace,
-                    name,
-                    allocation.object,
-                    &allocation.claims,
-                    lease,
-                ),
-            )
-            .await;
-        match result {
+        match insert(
+            server,
+            ctx,
+            name,
+            allocation.object,
+            &allocation.claims,
+            lease,
+        )
+        .await
+        {
             Err(WriteError::ClaimTaken { .. }) => match allocation.if_taken {
                 Some(e) => return Err(WriteError::Api(e)),
                 None => what = allocation.what,
@@ -174,4 +152,30 @@ pub(super) async fn store_new(
     Err(WriteError::Api(ApiError::internal(format!(
         "failed to allocate {what} after {ALLOCATION_ATTEMPTS_MAX} attempts"
     ))))
+}
+
+/// One create transaction: the object, its claims, its lease.
+async fn insert(
+    server: &ApiServer,
+    ctx: &Ctx<'_>,
+    name: &str,
+    object: Value,
+    claims: &[(String, bytes::Bytes)],
+    lease: i64,
+) -> Result<Value, WriteError> {
+    server
+        .timed(
+            "create",
+            ctx.resource,
+            storage::create_with(
+                &server.store,
+                ctx.resource,
+                ctx.namespace,
+                name,
+                object,
+                claims,
+                lease,
+            ),
+        )
+        .await
 }

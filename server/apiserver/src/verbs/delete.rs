@@ -13,7 +13,7 @@ use super::list::{filter_of, list_options};
 use super::{current, name_of, object_response};
 use crate::handler::{ApiServer, Request};
 use crate::response::{self, Body};
-use crate::storage;
+use crate::storage::{self, WriteError};
 use crate::strategy::{Propagation, Strategy, is_deleting};
 use crate::watch_cache::object::CachedObject;
 
@@ -274,22 +274,35 @@ pub async fn delete_one(
     if dry_run {
         return Ok((200, object.clone()));
     }
-    let deleted = server
+    let deleted = remove(server, resource, strategy, namespace.as_deref(), &old)
+        .await
+        .map_err(|e| e.into_api_error(resource, &name))?;
+    Ok((200, deleted))
+}
+
+/// Removes `old` from the store if it is still at its version, releasing the claims it
+/// holds in the same transaction; the removed object.
+pub(super) async fn remove(
+    server: &ApiServer,
+    resource: &ResourceInfo,
+    strategy: &dyn Strategy,
+    namespace: Option<&str>,
+    old: &CachedObject,
+) -> Result<Value, WriteError> {
+    server
         .timed(
             "delete",
             resource,
             storage::delete_releasing(
                 &server.store,
                 resource,
-                namespace.as_deref(),
-                &name,
+                namespace,
+                old.name(),
                 Some(old.resource_version()),
                 &strategy.held_claims(old.value()),
             ),
         )
         .await
-        .map_err(|e| e.into_api_error(resource, &name))?;
-    Ok((200, deleted))
 }
 
 pub(super) async fn delete(

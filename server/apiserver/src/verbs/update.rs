@@ -216,20 +216,7 @@ pub(super) async fn write_update_as(
         return Ok((new, warnings));
     }
     if delete {
-        let deleted = server
-            .timed(
-                "delete",
-                resource,
-                storage::delete_releasing(
-                    &server.store,
-                    resource,
-                    ctx.namespace,
-                    &name,
-                    Some(old.resource_version()),
-                    &strategy.held_claims(old.value()),
-                ),
-            )
-            .await?;
+        let deleted = super::delete::remove(server, resource, strategy, ctx.namespace, old).await?;
         return Ok((deleted, warnings));
     }
     let lease = match strategy.ttl_leases(server) {
