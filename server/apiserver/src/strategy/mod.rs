@@ -148,7 +148,8 @@ pub trait Strategy: Sync {
     }
 
     /// `Canonicalize`: rewrites a valid object into its one stored form, after validation,
-    /// on create and on update. Kubernetes' built-in strategies leave every object as it is.
+    /// on create and on update. Most Kubernetes strategies leave the object as it is (the
+    /// Endpoints strategy repacks its subsets; skerry stores them as sent).
     fn canonicalize(&self, _object: &mut Value) {}
 
     /// `WarningsOnCreate`: `Warning` headers for a new object that is valid but unwise.
@@ -172,9 +173,9 @@ pub trait Strategy: Sync {
     // ----- update (`RESTUpdateStrategy`) -----
 
     /// `AllowCreateOnUpdate`: whether a PUT of an object that does not exist creates it
-    /// (otherwise 404). No resource skerry serves allows it (yet: Kubernetes allows it for
-    /// Services, Endpoints, EndpointSlices, Events and Leases, and a task that turns it on
-    /// for them brings its tests).
+    /// (otherwise 404). No resource skerry serves allows it yet: Kubernetes' Service,
+    /// Endpoints and Lease strategies do, and turning it on for them changes what a PUT of a
+    /// missing object answers, with its tests.
     fn allow_create_on_update(&self) -> bool {
         false
     }
