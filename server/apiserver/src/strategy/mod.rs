@@ -230,7 +230,8 @@ pub trait Strategy: Sync {
 
     /// `DefaultGarbageCollectionPolicy`: what happens to dependents when neither the
     /// DeleteOptions nor the object's finalizers say. Background for every kind skerry
-    /// serves (Kubernetes orphans by default for a few kinds at old API versions).
+    /// serves; Kubernetes' Job strategy answers Orphan at batch/v1, for backward
+    /// compatibility (`pkg/registry/batch/job/strategy.go`).
     fn default_garbage_collection_policy(&self) -> Propagation {
         Propagation::Background
     }
