@@ -1,5 +1,7 @@
 //! Admission: the checks that run after decoding and validation and before the store write.
 //!
+//! - NamespaceLifecycle — no new content in a namespace that does not exist or is being
+//!   deleted (`admit_namespace`).
 //! - OwnerReferencesPermissionEnforcement — setting `blockOwnerDeletion` on an owner
 //!   reference needs `update` on the owner's `finalizers`, decided with a single wildcard
 //!   probe first (`docs/tricks.md` #12, one wildcard RBAC probe for owner-reference
@@ -86,20 +88,71 @@ fn check_owner_refs(
     }
 }
 
-/// Admission for a create.
+/// Refuses writes into a namespace that does not exist or is being deleted (Kubernetes'
+/// NamespaceLifecycle admission).
+async fn admit_namespace(
+    server: &ApiServer,
+    resource: &ResourceInfo,
+    namespace: Option<&str>,
+) -> Result<(), ApiError> {
+    let Some(ns) = namespace.filter(|_| resource.namespaced) else {
+        return Ok(());
+    };
+    let namespaces =
+        skerry_api::catalogue::lookup("", "v1", "namespaces").expect("namespaces are served");
+    let found = match server
+        .caches
+        .get("namespaces")
+        .and_then(|c| c.get(None, ns))
+    {
+        Some(o) => Some(o),
+        None => {
+            server
+                .timed(
+                    "get",
+                    namespaces,
+                    crate::storage::get(&server.store, namespaces, None, ns),
+                )
+                .await?
+        }
+    };
+    match found {
+        None => Err(ApiError::not_found("", "namespaces", ns)),
+        Some(o)
+            if o.value()
+                .pointer("/metadata/deletionTimestamp")
+                .is_some_and(|v| !v.is_null()) =>
+        {
+            let message = format!(
+                "unable to create new content in namespace {ns} because it is being terminated"
+            );
+            // Kubernetes' NamespaceLifecycle admission adds this cause; controllers (and
+            // client-go's `HasStatusCause`) recognise a terminating namespace by it.
+            let mut err = ApiError::forbidden(message.clone());
+            err.causes.push(skerry_api::Cause::new(
+                "NamespaceTerminating",
+                "metadata.namespace",
+                message,
+            ));
+            Err(err)
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Admission for a create of `object` in `namespace` (the path's), plugins in Kubernetes'
+/// order: NamespaceLifecycle first, so that a refused namespace is reported before anything
+/// about the object. Each plugin picks the resources it handles, as Kubernetes' plugins do:
+/// a resource without a plugin of its own passes through the generic ones only.
 pub async fn admit_create(
     server: &ApiServer,
     resource: &ResourceInfo,
+    namespace: Option<&str>,
     object: &mut Value,
     user: &UserInfo,
 ) -> Result<(), ApiError> {
-    match (resource.group, resource.resource) {
-        ("", "pods") => admit_pod_priority(server, resource, object).await?,
-        ("scheduling.k8s.io", "priorityclasses") => {
-            admit_priority_class(server, resource, object, false).await?
-        }
-        _ => {}
-    }
+    admit_namespace(server, resource, namespace).await?;
+    priority_admit_create(server, resource, object).await?;
     check_owner_refs(server, resource, None, object, user)
 }
 
@@ -111,17 +164,47 @@ pub async fn admit_update(
     new: &mut Value,
     user: &UserInfo,
 ) -> Result<(), ApiError> {
-    match (resource.group, resource.resource) {
-        ("", "pods") => keep_pod_priority(old, new),
-        ("scheduling.k8s.io", "priorityclasses") => {
-            admit_priority_class(server, resource, new, true).await?
-        }
-        _ => {}
-    }
+    priority_admit_update(server, resource, old, new).await?;
     check_owner_refs(server, resource, Some(old), new, user)
 }
 
 // ----- Priority -----
+
+/// The Priority plugin on a create: a pod's class resolved into its priority, a class's
+/// single-default rule (the plugin's `Admit` and `Validate`, which switch on the resource).
+async fn priority_admit_create(
+    server: &ApiServer,
+    resource: &ResourceInfo,
+    object: &mut Value,
+) -> Result<(), ApiError> {
+    match (resource.group, resource.resource) {
+        ("", "pods") => admit_pod_priority(server, resource, object).await,
+        ("scheduling.k8s.io", PRIORITY_CLASSES) => {
+            admit_priority_class(server, resource, object, false).await
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The Priority plugin on an update: a pod keeps its priority, a class the single-default
+/// rule.
+async fn priority_admit_update(
+    server: &ApiServer,
+    resource: &ResourceInfo,
+    old: &Value,
+    new: &mut Value,
+) -> Result<(), ApiError> {
+    match (resource.group, resource.resource) {
+        ("", "pods") => {
+            keep_pod_priority(old, new);
+            Ok(())
+        }
+        ("scheduling.k8s.io", PRIORITY_CLASSES) => {
+            admit_priority_class(server, resource, new, true).await
+        }
+        _ => Ok(()),
+    }
+}
 
 /// The resource the Priority plugin reads classes from.
 const PRIORITY_CLASSES: &str = "priorityclasses";

@@ -7,6 +7,8 @@
 //! - [`verbs`], [`subresources`], [`watch`]: the generic registry over [`storage`] (the
 //!   store side: paged LIST with the doubling page size, CAS writes) and the per-resource
 //!   [`watch_cache`] (serialize-once fan-out, bookmark buckets, the 3-second wait, WatchList).
+//! - [`strategy`]: each resource's rules (Kubernetes' strategies), one file per resource
+//!   with rules of its own; the verbs ask them and never name a resource.
 //! - [`discovery`], [`openapi`], [`table`], [`metrics`]: what clients read about the API.
 //! - [`compactor`]: the CAS-elected compactor.
 //!
@@ -33,6 +35,7 @@ pub mod reviews;
 pub mod server;
 pub mod startup;
 pub mod storage;
+pub mod strategy;
 pub mod subresources;
 pub mod table;
 #[cfg(feature = "testing")]

@@ -29,27 +29,19 @@ use crate::auth::UserInfo;
 use crate::auth::rbac::{self, Attributes};
 use crate::handler::{ApiServer, Request};
 use crate::response::Body;
+use crate::strategy::Review;
 use crate::verbs::{decode_body, field_manager_of, object_response};
 use crate::watch_cache::object::CachedObject;
 
 /// The message of a TokenReview without a token (`tokenreview.REST.Create`).
 pub const TOKEN_REQUIRED: &str = "token is required for TokenReview in authentication";
 
-/// Whether `resource` is one of the reviews this module answers.
-pub fn is_review(resource: &ResourceInfo) -> bool {
-    matches!(
-        (resource.group, resource.resource),
-        (
-            "authorization.k8s.io",
-            "subjectaccessreviews" | "localsubjectaccessreviews" | "selfsubjectaccessreviews"
-        ) | ("authentication.k8s.io", "tokenreviews")
-    )
-}
-
-/// `POST` of a review: decodes, validates and answers it.
+/// `POST` of a review: decodes, validates and answers it. `review_kind` is what the resource's
+/// strategy says it is ([`crate::strategy::Strategy::review`]).
 pub async fn create(
     server: &Arc<ApiServer>,
     resource: &'static ResourceInfo,
+    review_kind: Review,
     req: &Request,
 ) -> Result<Response<Body>, ApiError> {
     // Only to refuse a bad `dryRun`: nothing is stored either way.
@@ -64,9 +56,7 @@ pub async fn create(
     let manager = field_manager_of(resource, req, "create", &now)?;
     skerry_api::patch::record_update(&manager, None, &mut review);
 
-    if resource.resource == "tokenreviews" {
-        review_token(server, &mut review)?;
-    } else {
+    if let Review::Access { of_requester } = review_kind {
         let causes = skerry_api::validation::validate_create(resource, &review);
         if !causes.is_empty() {
             // Kubernetes builds this error from the decoded object's own (internal, hence
@@ -74,9 +64,10 @@ pub async fn create(
             // `.authorization.k8s.io "" is invalid: ...`.
             return Err(ApiError::invalid(resource.group, "", "", causes));
         }
-        let user = match resource.resource {
-            "selfsubjectaccessreviews" => req.user.clone(),
-            _ => subject(&review["spec"]),
+        let user = if of_requester {
+            req.user.clone()
+        } else {
+            subject(&review["spec"])
         };
         let attributes = attributes(user, &review["spec"]);
         let decision = rbac::authorize(&attributes, server.rbac.as_ref());
@@ -86,6 +77,8 @@ pub async fn create(
             status.insert("reason".into(), Value::String(decision.reason));
         }
         review["status"] = Value::Object(status);
+    } else {
+        review_token(server, &mut review)?;
     }
     // A Go zero time, as Kubernetes prints the metadata of an object it did not store (a
     // TokenReview's own timestamp, which nothing checks, comes back as sent).

@@ -568,20 +568,10 @@ pub async fn create_claiming(
     create_with(store, resource, namespace, name, value, claims, 0).await
 }
 
-/// Creates an object attached to store lease `lease` (it goes when the lease expires: Events
-/// and their TTL).
-pub async fn create_leased(
-    store: &Store,
-    resource: &ResourceInfo,
-    namespace: Option<&str>,
-    name: &str,
-    value: Value,
-    lease: i64,
-) -> Result<Value, WriteError> {
-    create_with(store, resource, namespace, name, value, &[], lease).await
-}
-
-async fn create_with(
+/// Creates an object with its `claims` ([`create_claiming`]), attached to store lease `lease`
+/// (0 for none: the object lives until deleted; otherwise it goes when the lease expires,
+/// Events and their TTL).
+pub async fn create_with(
     store: &Store,
     resource: &ResourceInfo,
     namespace: Option<&str>,

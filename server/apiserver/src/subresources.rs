@@ -21,6 +21,7 @@ use crate::auth::serviceaccount::{EXPIRATION_DEFAULT, EXPIRATION_MIN, TokenReque
 use crate::handler::{ApiServer, Request};
 use crate::response::{self, Body};
 use crate::storage::{self, WriteError};
+use crate::strategy;
 use crate::verbs::{current, delete_one, name_of, write_update};
 use crate::watch_cache::object::CachedObject;
 
@@ -112,6 +113,7 @@ async fn set_replicas(
     compute: &ScaleComputation<'_>,
 ) -> Result<Response<Body>, ApiError> {
     let name = name_of(req)?;
+    let strategy = strategy::of(resource);
     for _ in 0..=WRITE_CONFLICT_RETRIES_MAX {
         let old = current(server, resource, req.info.namespace.as_deref(), name).await?;
         let scale = scale_of(&old);
@@ -140,12 +142,12 @@ async fn set_replicas(
         }
         let mut new = old.value().clone();
         new["spec"]["replicas"] = json!(replicas);
-        match write_update(server, resource, req, &old, new).await {
-            Ok(stored) => {
+        match write_update(server, resource, strategy, req, &old, new).await {
+            Ok((stored, warnings)) => {
                 return Ok(response::json(
                     200,
                     &scale_of(&CachedObject::new(stored, None)),
-                    &[],
+                    &warnings,
                 ));
             }
             Err(WriteError::Conflict { .. }) => continue,
@@ -840,8 +842,9 @@ async fn add_condition_and_delete(
     options: &Value,
     dry_run: bool,
 ) -> Result<(u16, Value), ApiError> {
+    let strategy = strategy::of(resource);
     if dry_run {
-        return delete_one(server, resource, deletion, pod, options).await;
+        return delete_one(server, resource, strategy, deletion, pod, options).await;
     }
     let name = pod.name().to_string();
     let namespace = pod.namespace().map(str::to_string);
@@ -921,7 +924,7 @@ async fn add_condition_and_delete(
     if resource_version.is_some() {
         options["preconditions"]["resourceVersion"] = json!(pod.resource_version().to_string());
     }
-    delete_one(server, resource, deletion, pod, &options).await
+    delete_one(server, resource, strategy, deletion, pod, &options).await
 }
 
 /// the budget as it now is (Kubernetes' `RetryOnConflict` around `checkAndDecrement` and
