@@ -55,16 +55,9 @@ impl Lease for EtcdApi {
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
         let store = self.store.clone();
-        let responses = request.into_inner().map(move |req| {
-            let req = req?;
-            // An unknown or expired lease answers TTL 0; the client then stops renewing it.
-            let ttl = store.lease_keep_alive(req.id).unwrap_or(0);
-            Ok(LeaseKeepAliveResponse {
-                header: Some(store.header(store.revision())),
-                id: req.id,
-                ttl,
-            })
-        });
+        let responses = request
+            .into_inner()
+            .map(move |req| req.map(|req| keep_alive(&store, req.id)));
         Ok(Response::new(Box::pin(responses)))
     }
 
@@ -107,5 +100,16 @@ impl Lease for EtcdApi {
             header: Some(self.store.header(self.store.revision())),
             leases,
         }))
+    }
+}
+
+/// Renews lease `id` and says how long it now has. An unknown or expired lease answers TTL 0;
+/// the client then stops renewing it.
+pub(crate) fn keep_alive(store: &crate::store::Store, id: i64) -> LeaseKeepAliveResponse {
+    let ttl = store.lease_keep_alive(id).unwrap_or(0);
+    LeaseKeepAliveResponse {
+        header: Some(store.header(store.revision())),
+        id,
+        ttl,
     }
 }

@@ -25,24 +25,38 @@ impl Watch for EtcdApi {
         &self,
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let mut inbound = request.into_inner();
+        let inbound = request.into_inner();
+        // A read error ends the request side, as the client's end would.
+        let inbound = tokio_stream::StreamExt::map_while(inbound, Result::ok);
+        Ok(Response::new(self.watch_stream(inbound)))
+    }
+}
+
+impl EtcdApi {
+    /// Serves one watch stream whose requests come from `inbound`: the gRPC stream's, or the
+    /// JSON objects of an HTTP gateway request's body.
+    pub(crate) fn watch_stream(
+        &self,
+        inbound: impl Stream<Item = WatchRequest> + Send + 'static,
+    ) -> WatchResponses {
         let (stream_id, tx, rx) = self.store.hub().open_stream();
         let store = self.store.clone();
         tokio::spawn(async move {
+            let mut inbound = std::pin::pin!(inbound);
             // A client that half-closes its side keeps its watchers, as with etcd; the stream
             // ends when the response side is dropped.
-            while let Ok(Some(req)) = inbound.message().await {
+            while let Some(req) = futures::StreamExt::next(&mut inbound).await {
                 if !handle(&store, stream_id, &tx, req).await {
                     break;
                 }
             }
         });
-        Ok(Response::new(WatchResponses {
+        WatchResponses {
             rx,
             pending: Vec::new(),
             store: self.store.clone(),
             stream_id,
-        }))
+        }
     }
 }
 
