@@ -28,6 +28,7 @@ pub mod error;
 pub mod grpc;
 pub mod index;
 pub mod lease;
+pub mod metrics;
 pub mod mvcc;
 pub mod pb;
 pub mod replication;

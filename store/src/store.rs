@@ -373,6 +373,11 @@ impl Store {
             sync_wakeup: (Mutex::new(false), Condvar::new()),
             progress_notify_interval: config.progress_notify_interval,
         });
+        if !config.replicated {
+            // A single store leads itself from its start, as a one-member etcd's first
+            // election makes it leader once.
+            crate::metrics::LEADER_CHANGES.fetch_add(1, Ordering::Relaxed);
+        }
         let (tx, rx) = mpsc::channel(WRITE_QUEUE_MAX);
         let mut writer = Writer {
             shared: shared.clone(),
@@ -732,6 +737,25 @@ impl Store {
     }
 
     async fn propose(&self, command: Cmd, physical: bool) -> Result<CommandResult, StoreError> {
+        let _pending = crate::metrics::Pending::start();
+        let result = self.propose_inner(command, physical).await;
+        if let Err(
+            StoreError::NoLeader
+            | StoreError::LeaderChanged
+            | StoreError::Timeout
+            | StoreError::Stopped,
+        ) = &result
+        {
+            crate::metrics::PROPOSALS_FAILED.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn propose_inner(
+        &self,
+        command: Cmd,
+        physical: bool,
+    ) -> Result<CommandResult, StoreError> {
         let (reply, rx) = oneshot::channel();
         let command = Command {
             command: Some(command),
@@ -805,6 +829,14 @@ impl Store {
         if !self.shared.replicated {
             return Ok(());
         }
+        let result = self.read_index_wait().await;
+        if result.is_err() {
+            crate::metrics::READ_INDEXES_FAILED.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn read_index_wait(&self) -> Result<(), StoreError> {
         let replicator = self.shared.replicator.get().ok_or(StoreError::NoLeader)?;
         let (reply, rx) = oneshot::channel();
         replicator.read_index(reply);
@@ -1787,7 +1819,9 @@ impl Writer {
             Durability::None
         })
         .map_err(StoreError::storage)?;
+        let commit_started = Instant::now();
         txn.commit()?;
+        crate::metrics::BACKEND_COMMIT.observe(commit_started.elapsed());
         drop(db);
         if checkpoint {
             self.checkpointed()?;
@@ -1912,7 +1946,9 @@ impl Writer {
                 let mut meta = txn.open_table(META)?;
                 meta.insert(META_APPLIED_INDEX, self.cursor.applied_index)?;
             }
+            let commit_started = Instant::now();
             txn.commit()?;
+            crate::metrics::BACKEND_COMMIT.observe(commit_started.elapsed());
         }
         self.checkpointed()
     }

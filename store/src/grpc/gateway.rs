@@ -23,6 +23,7 @@ use serde::de::DeserializeOwned;
 use tonic::{Code, Request, Response, Status};
 
 use super::EtcdApi;
+use crate::metrics::grpc::{self as grpc_metrics, Method};
 use crate::pb::etcdserverpb::{
     cluster_server::Cluster, kv_server::Kv, lease_server::Lease, maintenance_server::Maintenance,
 };
@@ -186,9 +187,11 @@ impl EtcdApi {
                 let store = self.store.clone();
                 let responses = json_objects(body).map(
                     move |req: crate::pb::etcdserverpb::LeaseKeepAliveRequest| {
+                        grpc_metrics::received(Method::LeaseKeepAlive);
                         Ok::<_, Status>(super::lease::keep_alive(&store, req.id))
                     },
                 );
+                let responses = grpc_metrics::Counted::new(Method::LeaseKeepAlive, responses);
                 Reply::Lines(lines(responses))
             }
             _ => Reply::Whole {

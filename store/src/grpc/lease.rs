@@ -6,6 +6,7 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{EtcdApi, status};
+use crate::metrics::grpc::{self as metrics, Method};
 use crate::pb::etcdserverpb::{
     LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
     LeaseLeasesRequest, LeaseLeasesResponse, LeaseRevokeRequest, LeaseRevokeResponse, LeaseStatus,
@@ -20,32 +21,38 @@ impl Lease for EtcdApi {
         &self,
         request: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
-        let req = request.into_inner();
-        let (id, ttl) = self
-            .store
-            .lease_grant(req.ttl, req.id)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(LeaseGrantResponse {
-            header: Some(self.store.header(self.store.revision())),
-            id,
-            ttl,
-            error: String::new(),
-        }))
+        metrics::unary(Method::LeaseGrant, async move {
+            let req = request.into_inner();
+            let (id, ttl) = self
+                .store
+                .lease_grant(req.ttl, req.id)
+                .await
+                .map_err(status)?;
+            Ok(Response::new(LeaseGrantResponse {
+                header: Some(self.store.header(self.store.revision())),
+                id,
+                ttl,
+                error: String::new(),
+            }))
+        })
+        .await
     }
 
     async fn lease_revoke(
         &self,
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
-        let revision = self
-            .store
-            .lease_revoke(request.into_inner().id)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(LeaseRevokeResponse {
-            header: Some(self.store.header(revision)),
-        }))
+        metrics::unary(Method::LeaseRevoke, async move {
+            let revision = self
+                .store
+                .lease_revoke(request.into_inner().id)
+                .await
+                .map_err(status)?;
+            Ok(Response::new(LeaseRevokeResponse {
+                header: Some(self.store.header(revision)),
+            }))
+        })
+        .await
     }
 
     type LeaseKeepAliveStream = KeepAliveStream;
@@ -55,51 +62,63 @@ impl Lease for EtcdApi {
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
         let store = self.store.clone();
-        let responses = request
-            .into_inner()
-            .map(move |req| req.map(|req| keep_alive(&store, req.id)));
-        Ok(Response::new(Box::pin(responses)))
+        let responses = request.into_inner().map(move |req| {
+            req.map(|req| {
+                metrics::received(Method::LeaseKeepAlive);
+                keep_alive(&store, req.id)
+            })
+        });
+        Ok(Response::new(Box::pin(metrics::Counted::new(
+            Method::LeaseKeepAlive,
+            responses,
+        ))))
     }
 
     async fn lease_time_to_live(
         &self,
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
-        let req = request.into_inner();
-        let header = Some(self.store.header(self.store.revision()));
-        // etcd answers an unknown lease with TTL -1 rather than an error.
-        let resp = match self.store.lease_time_to_live(req.id, req.keys) {
-            Some((ttl, granted_ttl, keys)) => LeaseTimeToLiveResponse {
-                header,
-                id: req.id,
-                ttl,
-                granted_ttl,
-                keys,
-            },
-            None => LeaseTimeToLiveResponse {
-                header,
-                id: req.id,
-                ttl: -1,
-                ..Default::default()
-            },
-        };
-        Ok(Response::new(resp))
+        metrics::unary(Method::LeaseTimeToLive, async move {
+            let req = request.into_inner();
+            let header = Some(self.store.header(self.store.revision()));
+            // etcd answers an unknown lease with TTL -1 rather than an error.
+            let resp = match self.store.lease_time_to_live(req.id, req.keys) {
+                Some((ttl, granted_ttl, keys)) => LeaseTimeToLiveResponse {
+                    header,
+                    id: req.id,
+                    ttl,
+                    granted_ttl,
+                    keys,
+                },
+                None => LeaseTimeToLiveResponse {
+                    header,
+                    id: req.id,
+                    ttl: -1,
+                    ..Default::default()
+                },
+            };
+            Ok(Response::new(resp))
+        })
+        .await
     }
 
     async fn lease_leases(
         &self,
         _request: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
-        let leases = self
-            .store
-            .lease_ids()
-            .into_iter()
-            .map(|id| LeaseStatus { id })
-            .collect();
-        Ok(Response::new(LeaseLeasesResponse {
-            header: Some(self.store.header(self.store.revision())),
-            leases,
-        }))
+        metrics::unary(Method::LeaseLeases, async move {
+            let leases = self
+                .store
+                .lease_ids()
+                .into_iter()
+                .map(|id| LeaseStatus { id })
+                .collect();
+            Ok(Response::new(LeaseLeasesResponse {
+                header: Some(self.store.header(self.store.revision())),
+                leases,
+            }))
+        })
+        .await
     }
 }
 

@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::debug;
 
 use super::EtcdApi;
+use crate::metrics::grpc::{self as metrics, Method};
 use crate::pb::etcdserverpb::{
     WatchRequest, WatchResponse, watch_request::RequestUnion, watch_server::Watch,
 };
@@ -39,9 +40,12 @@ impl EtcdApi {
         &self,
         inbound: impl Stream<Item = WatchRequest> + Send + 'static,
     ) -> WatchResponses {
+        let call = metrics::StreamCall::start(Method::Watch);
         let (stream_id, tx, rx) = self.store.hub().open_stream();
         let store = self.store.clone();
         tokio::spawn(async move {
+            let inbound =
+                futures::StreamExt::inspect(inbound, |_| metrics::received(Method::Watch));
             let mut inbound = std::pin::pin!(inbound);
             // A client that half-closes its side keeps its watchers, as with etcd; the stream
             // ends when the response side is dropped.
@@ -56,6 +60,7 @@ impl EtcdApi {
             pending: Vec::new(),
             store: self.store.clone(),
             stream_id,
+            call,
         }
     }
 }
@@ -124,6 +129,8 @@ pub struct WatchResponses {
     pending: Vec<WatchResponse>,
     store: Store,
     stream_id: u64,
+    /// The call, for `grpc_server_*`: counted handled when the stream goes.
+    call: metrics::StreamCall,
 }
 
 impl Drop for WatchResponses {
@@ -136,6 +143,21 @@ impl Stream for WatchResponses {
     type Item = Result<WatchResponse, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let polled = self.poll_response(cx);
+        match &polled {
+            Poll::Ready(Some(_)) => metrics::sent(Method::Watch),
+            Poll::Ready(None) => self.call.ended = Some(tonic::Code::Ok),
+            Poll::Pending => {}
+        }
+        polled
+    }
+}
+
+impl WatchResponses {
+    fn poll_response(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<WatchResponse, Status>>> {
         if let Some(next) = self.pending.pop() {
             return Poll::Ready(Some(Ok(next)));
         }
