@@ -2,8 +2,8 @@
 //! `--client-cert-auth` client certificates checked against `--trusted-ca-file`, as etcd
 //! names them.
 //!
-//! Handshakes run in their own tasks, so a slow or silent client never holds up the accept
-//! loop; finished connections go to the gRPC server through a channel.
+//! Handshakes run in their own tasks (`client_port`), so a slow or silent client never holds
+//! up the accept loop; the negotiated protocol sends a connection to gRPC or to HTTP/1.
 
 use std::path::Path;
 use std::pin::Pin;
@@ -23,7 +23,8 @@ use tokio_rustls::server::TlsStream;
 /// How long a client gets to finish its TLS handshake before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The acceptor for client connections, ALPN `h2` (gRPC).
+/// The acceptor for client connections: ALPN `h2` (gRPC) and `http/1.1` (the HTTP face:
+/// `/health`, `/metrics`, the JSON gateway), the server's preference first.
 pub fn acceptor(
     cert: &Path,
     key: &Path,
@@ -52,7 +53,7 @@ pub fn acceptor(
     let mut config = builder
         .with_single_cert(chain, key)
         .context("--cert-file and --key-file do not make a usable pair")?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 

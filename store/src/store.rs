@@ -477,6 +477,12 @@ impl Store {
         self.shared.replayed
     }
 
+    /// Keys in the keyspace now, deleted ones left out (`etcd_debugging_mvcc_keys_total`).
+    /// Walks the index under its read lock: for scrapes, not for a request's path.
+    pub fn key_count(&self) -> usize {
+        self.shared.mvcc.index.read().live_len()
+    }
+
     pub fn hub(&self) -> &WatchHub {
         &self.shared.hub
     }
