@@ -89,6 +89,7 @@ pub fn serve_plain(
     tokio::spawn(accept_loop(
         listener,
         stop.clone(),
+        UNPROVEN_CONNECTIONS_MAX,
         move |stream, remote, permit| {
             let (tx, face, stop) = (tx.clone(), face.clone(), stop.clone());
             async move {
@@ -128,6 +129,7 @@ pub fn serve_tls(
     tokio::spawn(accept_loop(
         listener,
         stop.clone(),
+        UNPROVEN_CONNECTIONS_MAX,
         move |stream, remote, permit| {
             let (tx, face, stop, acceptor) =
                 (tx.clone(), face.clone(), stop.clone(), acceptor.clone());
@@ -160,14 +162,19 @@ pub fn serve_tls(
     rx
 }
 
-/// Accepts connections until `stop`, each handed to `route` on a task of its own with a
-/// permit of the unproven-connections bound; backs off when `accept` fails.
-async fn accept_loop<F, Fut>(listener: TcpListener, mut stop: watch::Receiver<bool>, route: F)
-where
+/// Accepts connections until `stop`, each handed to `route` on a task of its own with one of
+/// `unproven_max` permits (one accepted when none is left is closed at once); backs off when
+/// `accept` fails.
+async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    mut stop: watch::Receiver<bool>,
+    unproven_max: usize,
+    route: F,
+) where
     F: Fn(TcpStream, SocketAddr, OwnedSemaphorePermit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let unproven = Arc::new(Semaphore::new(UNPROVEN_CONNECTIONS_MAX));
+    let unproven = Arc::new(Semaphore::new(unproven_max));
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
         let accepted = tokio::select! {
@@ -274,5 +281,47 @@ mod tests {
         let (client, server) = pair().await;
         drop(client);
         assert_eq!(sniff(&server).await.ok().flatten(), None);
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_unproven_bound_are_closed_and_a_proven_one_frees_a_slot() {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("bound address");
+        let (_stop_tx, stop) = watch::channel(false);
+        let (proven_tx, mut proven_rx) = mpsc::unbounded_channel();
+        // Each routed connection holds its permit until it sends a byte, then gives it back
+        // and stays open.
+        tokio::spawn(accept_loop(
+            listener,
+            stop,
+            2,
+            move |mut stream, _, permit| {
+                let proven_tx = proven_tx.clone();
+                async move {
+                    let mut byte = [0u8; 1];
+                    if stream.read(&mut byte).await.ok() == Some(1) {
+                        drop(permit);
+                        let _ = proven_tx.send(stream);
+                    }
+                }
+            },
+        ));
+        let mut first = TcpStream::connect(addr).await.expect("connect");
+        let _second = TcpStream::connect(addr).await.expect("connect");
+        let mut third = TcpStream::connect(addr).await.expect("connect");
+        // The third is over the bound: closed by the server without a byte.
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+        // The first proves itself; its slot goes to the next connection.
+        first.write_all(b"x").await.expect("write");
+        let _proven = proven_rx.recv().await.expect("routed");
+        let mut fourth = TcpStream::connect(addr).await.expect("connect");
+        fourth.write_all(b"y").await.expect("write");
+        let routed = tokio::time::timeout(Duration::from_secs(5), proven_rx.recv()).await;
+        assert!(matches!(routed, Ok(Some(_))), "the fourth got a slot");
     }
 }
