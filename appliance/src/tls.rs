@@ -23,8 +23,15 @@ use tokio_rustls::server::TlsStream;
 /// How long a client gets to finish its TLS handshake before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The acceptor for client connections: ALPN `h2` (gRPC) and `http/1.1` (the HTTP face:
-/// `/health`, `/metrics`, the JSON gateway), the server's preference first.
+/// The acceptor for client connections: ALPN `http/1.1` (the HTTP face: `/health`,
+/// `/metrics`, the JSON gateway) and `h2` (gRPC).
+///
+/// rustls picks the first of the server's protocols the client offers. gRPC clients offer
+/// `h2` alone (grpc-go, which etcdctl and the Kubernetes apiserver use, appends only `h2` to
+/// its TLS config), so they get HTTP/2 and the gRPC server; a general HTTP client such as
+/// curl offers both and gets HTTP/1.1 and the HTTP face. etcd 3.4 serves both faces over
+/// either protocol behind TLS (`grpcHandlerFunc` in `embed/serve.go`); preferring
+/// `http/1.1` gives the same answers without a router in front of the gRPC path.
 pub fn acceptor(
     cert: &Path,
     key: &Path,
@@ -53,7 +60,7 @@ pub fn acceptor(
     let mut config = builder
         .with_single_cert(chain, key)
         .context("--cert-file and --key-file do not make a usable pair")?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![b"http/1.1".to_vec(), b"h2".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 

@@ -48,6 +48,11 @@ fn etcdctl_speaks_tls_and_a_client_without_a_certificate_is_refused() {
     let pki = dir.path();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    // A name of its own: OpenSSL (curl) takes a leaf whose issuer name equals its subject
+    // name, rcgen's default for both, for a self-signed certificate.
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "skerry test CA");
     let (ca, _, ca_key, ca_params) = write_cert(pki, "ca", ca_params, None);
     let issuer = rcgen::Issuer::new(ca_params, ca_key);
     let (server_cert, server_key, ..) = write_cert(
@@ -70,6 +75,7 @@ fn etcdctl_speaks_tls_and_a_client_without_a_certificate_is_refused() {
         arg(&client_cert),
         arg(&client_key),
     );
+    let metrics_url = format!("https://127.0.0.1:{}", common::free_port());
     let server = Server::start_https(
         &dir.path().join("data"),
         &[
@@ -80,6 +86,8 @@ fn etcdctl_speaks_tls_and_a_client_without_a_certificate_is_refused() {
             "--trusted-ca-file",
             &ca,
             "--client-cert-auth",
+            "--listen-metrics-urls",
+            &metrics_url,
         ],
     );
     let endpoint = format!("https://127.0.0.1:{}", server.port());
@@ -101,6 +109,37 @@ fn etcdctl_speaks_tls_and_a_client_without_a_certificate_is_refused() {
     );
     let get = etcdctl(&[&tls[..], &["get", "k", "--print-value-only"]].concat());
     assert_eq!(String::from_utf8_lossy(&get.stdout), "over-tls\n");
+    // curl on the same port, offering h2 and http/1.1 as it does by default, gets the HTTP
+    // face over HTTP/1.1 (etcdctl, offering h2 alone, got gRPC).
+    let curl = |url: &str, data: Option<&str>| {
+        let mut c = Command::new("curl");
+        c.args(["-s", "--max-time", "10", "-w", "\n%{http_version}"])
+            .args([
+                "--cacert",
+                &ca,
+                "--cert",
+                &client_cert,
+                "--key",
+                &client_key,
+            ]);
+        if let Some(data) = data {
+            c.args(["-X", "POST", "-d", data]);
+        }
+        let out = c.arg(url).output().expect("run curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(
+        curl(&format!("{endpoint}/health"), None),
+        "{\"health\":\"true\"}\n1.1"
+    );
+    let range = curl(
+        &format!("{endpoint}/v3/kv/range"),
+        Some(r#"{"key":"aw=="}"#),
+    );
+    assert!(range.contains(r#""value":"b3Zlci10bHM=""#), "{range}");
+    // An https metrics URL uses the client TLS files.
+    let metrics = curl(&format!("{metrics_url}/metrics"), None);
+    assert!(metrics.contains("etcd_server_has_leader 1"), "{metrics}");
     // Without a client certificate the handshake fails.
     let anonymous = etcdctl(&[
         "--endpoints",
