@@ -454,7 +454,8 @@ impl HttpFace {
             &[("server_version", ETCD_VERSION_REPORTED)],
             1.0,
         )
-        .grpc();
+        .grpc()
+        .process();
         e.finish()
     }
 }

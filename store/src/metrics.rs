@@ -473,6 +473,63 @@ impl Exposition {
         self
     }
 
+    /// The process families Go's process collector gives etcd, and etcd's own `os_fd_*`,
+    /// read from `/proc` (Linux; on another system they are left out). CPU times there are
+    /// in `USER_HZ`, 100 on every Linux ABI (Prometheus' `procfs` assumes the same).
+    pub fn process(&mut self) -> &mut Self {
+        let Some(p) = ProcessStats::read() else {
+            return self;
+        };
+        self.single(
+            "os_fd_limit",
+            "The file descriptor limit.",
+            Kind::Gauge,
+            p.max_fds,
+        )
+        .single(
+            "os_fd_used",
+            "The number of used file descriptors.",
+            Kind::Gauge,
+            p.open_fds,
+        )
+        .single(
+            "process_cpu_seconds_total",
+            "Total user and system CPU time spent in seconds.",
+            Kind::Counter,
+            p.cpu_seconds,
+        )
+        .single(
+            "process_max_fds",
+            "Maximum number of open file descriptors.",
+            Kind::Gauge,
+            p.max_fds,
+        )
+        .single(
+            "process_open_fds",
+            "Number of open file descriptors.",
+            Kind::Gauge,
+            p.open_fds,
+        )
+        .single(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            Kind::Gauge,
+            p.resident_bytes,
+        )
+        .single(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            Kind::Gauge,
+            p.start_time_seconds,
+        )
+        .single(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes.",
+            Kind::Gauge,
+            p.virtual_bytes,
+        )
+    }
+
     fn labels(&mut self, labels: &[(&str, &str)], le: Option<&str>) {
         if labels.is_empty() && le.is_none() {
             return;
@@ -499,8 +556,59 @@ impl Exposition {
     }
 }
 
-/// A sample value as Go's `strconv.FormatFloat(v, 'g', -1, 64)` writes the common cases:
-/// integers without a fraction, others in their shortest form, `+Inf`.
+/// `USER_HZ`: the unit of the CPU and start times in `/proc` (fixed at 100 for user space).
+const USER_HZ: f64 = 100.0;
+
+/// This process as `/proc` describes it.
+struct ProcessStats {
+    cpu_seconds: f64,
+    start_time_seconds: f64,
+    resident_bytes: f64,
+    virtual_bytes: f64,
+    open_fds: f64,
+    max_fds: f64,
+}
+
+impl ProcessStats {
+    fn read() -> Option<ProcessStats> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // The fields after the command name, which is in parentheses and may hold spaces:
+        // state is field 3, utime 14, stime 15, starttime 22 (proc(5)).
+        let after = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let field = |n: usize| fields.get(n - 3)?.parse::<f64>().ok();
+        let cpu_seconds = (field(14)? + field(15)?) / USER_HZ;
+        let boot_time = std::fs::read_to_string("/proc/stat")
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<f64>().ok())?;
+        let start_time_seconds = boot_time + field(22)? / USER_HZ;
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let kib = |name: &str| {
+            status.lines().find_map(|l| {
+                let rest = l.strip_prefix(name)?.trim().strip_suffix("kB")?;
+                rest.trim().parse::<f64>().ok().map(|k| k * 1024.0)
+            })
+        };
+        let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as f64;
+        let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+        let max_fds = limits.lines().find_map(|l| {
+            let rest = l.strip_prefix("Max open files")?;
+            rest.split_whitespace().next()?.parse::<f64>().ok()
+        })?;
+        Some(ProcessStats {
+            cpu_seconds,
+            start_time_seconds,
+            resident_bytes: kib("VmRSS:")?,
+            virtual_bytes: kib("VmSize:")?,
+            open_fds,
+            max_fds,
+        })
+    }
+}
+
+/// A sample value: integers in full (Go's client writes those of a million and more in
+/// exponent form; Prometheus parses both the same), others in their shortest form, `+Inf`.
 fn format_value(v: f64) -> String {
     if v.is_infinite() {
         return if v > 0.0 { "+Inf" } else { "-Inf" }.into();
@@ -558,6 +666,32 @@ mod tests {
         assert!(
             text.contains("r_bucket{To=\"a\",le=\"0.8192\"} 0\n"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn the_process_families_are_read_from_proc() {
+        let mut e = Exposition::new();
+        e.process();
+        let text = e.finish();
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        };
+        assert!(value("process_resident_memory_bytes") > Some(0.0), "{text}");
+        assert!(value("process_open_fds") > Some(0.0), "{text}");
+        assert!(
+            value("process_max_fds") >= value("process_open_fds"),
+            "{text}"
+        );
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let started = value("process_start_time_seconds").unwrap_or(0.0);
+        assert!(
+            started <= now + 1.0 && started > now - 3600.0,
+            "{started} vs {now}"
         );
     }
 
