@@ -23,7 +23,6 @@ use skerry_store::Store;
 use skerry_store::grpc::gateway::{self, BodyError, Call, Reply};
 use skerry_store::grpc::{ETCD_VERSION_REPORTED, EtcdApi};
 use skerry_store::metrics::{self as m, Exposition, Kind};
-use skerry_store::pb::etcdserverpb::{AlarmRequest, maintenance_server::Maintenance};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
@@ -37,6 +36,11 @@ pub const HEALTH_READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// must not hold a connection and a buffer forever; the largest body
 /// ([`gateway::JSON_BODY_BYTES_MAX`], 4 MiB) takes under a second on a slow LAN.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a scrape waits for the store's sizes (asked of its writer, behind the writes
+/// queued before): Prometheus' default scrape timeout is 10 s; a second keeps a scrape quick
+/// while the writer works through a long batch.
+pub const METRICS_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Prometheus' text format, what Go's `promhttp` serves by default.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -226,7 +230,8 @@ impl HttpFace {
     /// active, without a leader, or when a quorum read does not finish within
     /// [`HEALTH_READ_TIMEOUT`]. Counted in `etcd_server_health_success` / `_failures`.
     async fn healthy(&self) -> bool {
-        let alarms = self.active_alarms().await;
+        // The alarms as `etcdctl alarm list` shows them.
+        let alarms = self.api.active_alarms().len();
         let healthy = health(alarms, self.store.replica_status().leader, || async {
             matches!(
                 tokio::time::timeout(HEALTH_READ_TIMEOUT, self.store.linearizable_barrier()).await,
@@ -243,28 +248,18 @@ impl HttpFace {
         healthy
     }
 
-    /// The alarms active in the cluster, as `etcdctl alarm list` reads them (the Maintenance
-    /// service's `Alarm` GET); an alarm list that cannot be read counts as one alarm.
-    async fn active_alarms(&self) -> usize {
-        match self
-            .api
-            .alarm(tonic::Request::new(AlarmRequest::default()))
-            .await
-        {
-            Ok(resp) => resp.get_ref().alarms.len(),
-            Err(e) => {
-                tracing::debug!(error = %e, "health: the alarm list cannot be read");
-                1
-            }
-        }
-    }
 
     /// `/metrics`: the process-wide counters and histograms, and the member's state read now.
     async fn metrics(&self) -> String {
         let store = &self.store;
         let replica = store.replica_status();
         let me = store.member_id();
-        let status = store.status().await.ok();
+        // The sizes come from the writer; a writer busy past the bound leaves them out of
+        // this scrape rather than hold it.
+        let status = tokio::time::timeout(METRICS_STATUS_TIMEOUT, store.status())
+            .await
+            .ok()
+            .and_then(Result::ok);
         let learner = store.is_replicated()
             && store
                 .members()
