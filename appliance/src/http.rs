@@ -248,7 +248,6 @@ impl HttpFace {
         healthy
     }
 
-
     /// `/metrics`: the process-wide counters and histograms, and the member's state read now.
     async fn metrics(&self) -> String {
         let store = &self.store;

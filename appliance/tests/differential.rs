@@ -473,3 +473,65 @@ fn the_json_gateway_answers_curl_as_etcd_does() {
         differences.join("\n\n")
     );
 }
+
+/// `# HELP` and `# TYPE` of every family in a `/metrics` answer, by name.
+fn families(metrics: &str) -> std::collections::BTreeMap<String, (String, String)> {
+    let mut out = std::collections::BTreeMap::<String, (String, String)>::new();
+    for line in metrics.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            out.entry(name.to_string()).or_default().0 = help.to_string();
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            out.entry(name.to_string()).or_default().1 = kind.to_string();
+        }
+    }
+    out
+}
+
+fn curl_metrics(base: &str) -> String {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "10"])
+        .arg(format!("{base}/metrics"))
+        .output()
+        .expect("run curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn every_metric_skerry_serves_is_etcds_with_its_type_help_and_buckets() {
+    let etcd_dir = tempfile::tempdir().expect("tempdir");
+    let (etcd, etcd_port) = start_etcd(etcd_dir.path());
+    let etcd_base = format!("http://127.0.0.1:{etcd_port}");
+    let theirs_text = curl_metrics(&etcd_base);
+    drop(etcd);
+    let skerry_dir = tempfile::tempdir().expect("tempdir");
+    let skerry = Server::start(&skerry_dir.path().join("data"));
+    let ours_text = curl_metrics(&skerry.url());
+    let (theirs, ours) = (families(&theirs_text), families(&ours_text));
+    assert!(ours.len() > 30, "{ours_text}");
+    for (name, (help, kind)) in &ours {
+        match theirs.get(name) {
+            Some((their_help, their_kind)) => {
+                assert_eq!((help, kind), (their_help, their_kind), "{name}");
+            }
+            None => panic!("etcd 3.4 has no metric {name}"),
+        }
+    }
+    // Histograms have etcd's buckets.
+    for name in [
+        "etcd_disk_wal_fsync_duration_seconds",
+        "etcd_disk_backend_commit_duration_seconds",
+    ] {
+        let bounds = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter_map(|l| l.strip_prefix(&format!("{name}_bucket{{le=\"")))
+                .filter_map(|l| l.split_once('"').map(|(le, _)| le.to_string()))
+                .collect()
+        };
+        assert_eq!(bounds(&ours_text), bounds(&theirs_text), "{name}");
+    }
+    // The gRPC counters carry go-grpc-prometheus' labels, in its order.
+    let put_ok = "grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Put\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"}";
+    assert!(theirs_text.contains(put_ok) && ours_text.contains(put_ok));
+}
