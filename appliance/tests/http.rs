@@ -17,6 +17,9 @@ use serde_json::{Value, json};
 
 /// Bound on every wait in this file.
 const WAIT: Duration = Duration::from_secs(30);
+/// The client port's deadline for a request head (`HTTP1_HEADER_TIMEOUT` in
+/// appliance/src/client_port.rs).
+const HTTP1_IDLE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// `curl` with `args`; the HTTP status and the body.
 fn curl(args: &[&str]) -> (u16, String) {
@@ -355,6 +358,9 @@ fn a_watch_stream_delivers_a_put_made_with_etcdctl() {
     let created: Value =
         serde_json::from_str(&lines.next().expect("a line").expect("read")).expect("JSON line");
     assert_eq!(created["result"]["created"], true, "{created}");
+    // A quiet watch outlives the HTTP/1 idle deadline (which only bounds waiting for a
+    // request head).
+    std::thread::sleep(HTTP1_IDLE_DEADLINE + Duration::from_secs(1));
     etcdctl(&server.endpoint(), &["put", "foo", "bar"]);
     etcdctl(&server.endpoint(), &["put", "foo", "baz"]);
     etcdctl(&server.endpoint(), &["del", "foo"]);
