@@ -10,8 +10,9 @@
 //! the handshake offers ALPN `h2` and `http/1.1` and the negotiated protocol decides.
 //!
 //! Every connection is untrusted until it has spoken: the sniff and the TLS handshake are
-//! bounded by [`FIRST_BYTES_TIMEOUT`] and [`crate::tls::HANDSHAKE_TIMEOUT`]; an HTTP/1
-//! connection's first request head by [`HTTP1_HEADER_TIMEOUT`]; at most
+//! bounded by [`FIRST_BYTES_TIMEOUT`] and [`crate::tls::HANDSHAKE_TIMEOUT`], and so are the
+//! first bytes after a handshake that chose `h2` (`TlsConn`); an HTTP/1 connection's first
+//! request head by [`HTTP1_HEADER_TIMEOUT`]; at most
 //! [`UNPROVEN_CONNECTIONS_MAX`] connections may be at any of these stages at once, and one
 //! accepted over that is closed at once; and a failing `accept` (out of file descriptors)
 //! backs off from [`ACCEPT_BACKOFF_MIN`] to [`ACCEPT_BACKOFF_MAX`] instead of spinning.
@@ -149,7 +150,8 @@ pub fn serve_tls(
                 let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
                 if h2 && grpc {
                     drop(permit);
-                    let conn = AuthorityFix::new(CoalesceWrites::new(TlsConn(stream)));
+                    let conn = TlsConn::new(stream, FIRST_BYTES_TIMEOUT);
+                    let conn = AuthorityFix::new(CoalesceWrites::new(conn));
                     let _ = tx.send(Ok(conn)).await;
                 } else if h2 {
                     tracing::debug!(%remote, "HTTP/2 on a metrics listener; closing");

@@ -65,7 +65,25 @@ pub fn acceptor(
 }
 
 /// A client connection after its TLS handshake, as the gRPC server takes it.
-pub struct TlsConn(pub TlsStream<TcpStream>);
+///
+/// Until its first bytes arrive it carries a deadline: the HTTP/2 server would wait for the
+/// client's preface forever, so a client that negotiates `h2` and then says nothing gets a
+/// read error (and its connection closed) when the deadline passes. After the first bytes
+/// the deadline is gone and reads pass straight through.
+pub struct TlsConn {
+    stream: TlsStream<TcpStream>,
+    silent_until: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl TlsConn {
+    /// `stream`, closed by a read error if it sends nothing within `deadline`.
+    pub fn new(stream: TlsStream<TcpStream>, deadline: std::time::Duration) -> Self {
+        Self {
+            stream,
+            silent_until: Some(Box::pin(tokio::time::sleep(deadline))),
+        }
+    }
+}
 
 impl AsyncRead for TlsConn {
     fn poll_read(
@@ -73,7 +91,22 @@ impl AsyncRead for TlsConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        let this = &mut *self;
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if let Some(deadline) = &mut this.silent_until {
+            match &polled {
+                Poll::Ready(_) if buf.filled().len() > before => this.silent_until = None,
+                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client sent nothing after its TLS handshake",
+                    )));
+                }
+                _ => {}
+            }
+        }
+        polled
     }
 }
 
@@ -83,15 +116,15 @@ impl AsyncWrite for TlsConn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.stream).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -99,11 +132,11 @@ impl AsyncWrite for TlsConn {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
+        self.stream.is_write_vectored()
     }
 }
 
@@ -111,6 +144,6 @@ impl tonic::transport::server::Connected for TlsConn {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.0.get_ref().0.connect_info()
+        self.stream.get_ref().0.connect_info()
     }
 }
