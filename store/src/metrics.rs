@@ -248,31 +248,45 @@ pub mod grpc {
 
     /// A unary call's whole life, as go-grpc-prometheus' interceptor counts it: started and
     /// one message received, handled with the outcome's code, and one message sent if it
-    /// succeeded.
+    /// succeeded. Only `started` and `handled` are counted here (two atomics per call on the
+    /// hot path); a unary call's messages follow from them when scraped (see [`snapshot`]).
     pub async fn unary<T>(
         method: Method,
         call: impl Future<Output = Result<T, tonic::Status>>,
     ) -> Result<T, tonic::Status> {
         started(method);
-        received(method);
         let result = call.await;
-        match &result {
-            Ok(_) => {
-                handled(method, tonic::Code::Ok);
-                sent(method);
-            }
-            Err(status) => handled(method, status.code()),
-        }
+        handled(
+            method,
+            result
+                .as_ref()
+                .map_or_else(tonic::Status::code, |_| tonic::Code::Ok),
+        );
         result
     }
 
+    /// Every method's counts now. For a unary method, messages received are the calls
+    /// started and messages sent the calls that ended `OK`.
     pub(super) fn snapshot() -> Vec<MethodCounts> {
         (0..METHODS.len())
-            .map(|i| MethodCounts {
-                started: STARTED[i].load(Ordering::Relaxed),
-                handled: std::array::from_fn(|c| HANDLED[i][c].load(Ordering::Relaxed)),
-                received: RECEIVED[i].load(Ordering::Relaxed),
-                sent: SENT[i].load(Ordering::Relaxed),
+            .map(|i| {
+                let handled = std::array::from_fn(|c| HANDLED[i][c].load(Ordering::Relaxed));
+                let started = STARTED[i].load(Ordering::Relaxed);
+                let unary = METHODS[i].2 == "unary";
+                MethodCounts {
+                    started,
+                    handled,
+                    received: if unary {
+                        started
+                    } else {
+                        RECEIVED[i].load(Ordering::Relaxed)
+                    },
+                    sent: if unary {
+                        handled[0]
+                    } else {
+                        SENT[i].load(Ordering::Relaxed)
+                    },
+                }
             })
             .collect()
     }
@@ -693,6 +707,27 @@ mod tests {
             started <= now + 1.0 && started > now - 3600.0,
             "{started} vs {now}"
         );
+    }
+
+    #[tokio::test]
+    async fn unary_calls_count_started_handled_and_their_messages() {
+        use grpc::Method;
+        let at = Method::MoveLeader as usize;
+        let before = grpc::snapshot().swap_remove(at);
+        let _ = grpc::unary(Method::MoveLeader, async { Ok::<_, tonic::Status>(()) }).await;
+        let _ = grpc::unary(Method::MoveLeader, async {
+            Err::<(), _>(tonic::Status::not_found("x"))
+        })
+        .await;
+        let after = grpc::snapshot().swap_remove(at);
+        assert_eq!(after.started - before.started, 2);
+        assert_eq!(after.received - before.received, 2);
+        assert_eq!(after.sent - before.sent, 1);
+        assert_eq!(after.handled[0] - before.handled[0], 1);
+        let not_found = tonic::Code::NotFound as usize;
+        assert_eq!(after.handled[not_found] - before.handled[not_found], 1);
+        assert_eq!(grpc::CODES[not_found], "NotFound");
+        assert_eq!(grpc::METHODS[at].1, "MoveLeader");
     }
 
     #[test]
