@@ -784,6 +784,11 @@ fn health_turns_false_on_a_member_whose_peers_are_down_and_the_leader_measures_r
             .count();
         if peers == NAMES.len() - 1 {
             assert!(metrics.contains("etcd_server_is_leader 1"), "{metrics}");
+            // etcd 3.4.23's help and buckets (0.1 ms doubling to 3.2768 s).
+            assert!(metrics.contains(
+                "# HELP etcd_network_peer_round_trip_time_seconds Round-Trip-Time histogram between peers\n"
+            ));
+            assert!(metrics.contains(",le=\"3.2768\"}"), "{metrics}");
             break;
         }
         assert!(

@@ -19,68 +19,73 @@ use std::time::Duration;
 
 use parking_lot::RwLock;
 
-/// Buckets of a histogram, in nanoseconds: `start` doubling [`BUCKETS`] times, as Prometheus'
-/// `ExponentialBuckets(start, 2, 14)` that etcd's disk and network histograms use.
-pub const BUCKETS: usize = 14;
-
-const fn doubling(start_nanos: u64) -> [u64; BUCKETS] {
-    let mut bounds = [0; BUCKETS];
+/// `N` bucket bounds in nanoseconds, `start` doubling: Prometheus' `ExponentialBuckets(start,
+/// 2, N)`, which etcd's disk and network histograms use.
+const fn doubling<const N: usize>(start_nanos: u64) -> [u64; N] {
+    let mut bounds = [0; N];
     let mut i = 0;
-    while i < BUCKETS {
+    while i < N {
         bounds[i] = start_nanos << i;
         i += 1;
     }
     bounds
 }
 
+/// Buckets of etcd's disk latency histograms.
+pub const DISK_BUCKETS: usize = 14;
 /// etcd's disk latency buckets, 1 ms to 8.192 s (`ExponentialBuckets(0.001, 2, 14)` in etcd
 /// 3.4's `wal/metrics.go` and `mvcc/backend/metrics.go`).
-pub const DISK_BUCKETS_NANOS: [u64; BUCKETS] = doubling(1_000_000);
-/// etcd's peer round-trip buckets, 0.1 ms to 0.8192 s (`ExponentialBuckets(0.0001, 2, 14)` in
-/// etcd 3.4's `etcdserver/api/rafthttp/metrics.go`).
-pub const RTT_BUCKETS_NANOS: [u64; BUCKETS] = doubling(100_000);
+pub const DISK_BUCKETS_NANOS: [u64; DISK_BUCKETS] = doubling(1_000_000);
+/// Buckets of etcd's peer round-trip histogram.
+pub const RTT_BUCKETS: usize = 16;
+/// etcd's peer round-trip buckets, 0.1 ms to 3.2768 s (`ExponentialBuckets(0.0001, 2, 16)` in
+/// etcd 3.4's `etcdserver/api/rafthttp/metrics.go`, as etcd 3.4.23 serves them).
+pub const RTT_BUCKETS_NANOS: [u64; RTT_BUCKETS] = doubling(100_000);
 
-/// A latency histogram with fixed buckets, lock-free: one bucket counter and the sum move per
-/// observation.
-pub struct Histogram {
-    bounds_nanos: [u64; BUCKETS],
-    /// Observations per bucket (not cumulative); the last is above every bound.
-    buckets: [AtomicU64; BUCKETS + 1],
+/// A latency histogram with `N` fixed buckets, lock-free: one bucket counter and the sum move
+/// per observation.
+pub struct Histogram<const N: usize> {
+    bounds_nanos: [u64; N],
+    /// Observations per bucket (not cumulative).
+    buckets: [AtomicU64; N],
+    /// Observations above every bound.
+    overflow: AtomicU64,
     sum_nanos: AtomicU64,
 }
 
-impl Histogram {
-    pub const fn new(bounds_nanos: [u64; BUCKETS]) -> Self {
+impl<const N: usize> Histogram<N> {
+    pub const fn new(bounds_nanos: [u64; N]) -> Self {
         Self {
             bounds_nanos,
-            buckets: [const { AtomicU64::new(0) }; BUCKETS + 1],
+            buckets: [const { AtomicU64::new(0) }; N],
+            overflow: AtomicU64::new(0),
             sum_nanos: AtomicU64::new(0),
         }
     }
 
     pub fn observe(&self, elapsed: Duration) {
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        let bucket = self
-            .bounds_nanos
-            .iter()
-            .position(|bound| nanos <= *bound)
-            .unwrap_or(BUCKETS);
-        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        let bucket = self.bounds_nanos.iter().position(|bound| nanos <= *bound);
+        match bucket {
+            Some(i) => self.buckets[i].fetch_add(1, Ordering::Relaxed),
+            None => self.overflow.fetch_add(1, Ordering::Relaxed),
+        };
         self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
     /// Observations so far.
     pub fn count(&self) -> u64 {
-        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+        let counted: u64 = self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum();
+        counted + self.overflow.load(Ordering::Relaxed)
     }
 }
 
 /// `etcd_disk_wal_fsync_duration_seconds`: every `fdatasync` of a log (the single store's
 /// write-ahead log or a member's Raft log), in `Wal::append`.
-pub static WAL_FSYNC: Histogram = Histogram::new(DISK_BUCKETS_NANOS);
+pub static WAL_FSYNC: Histogram<DISK_BUCKETS> = Histogram::new(DISK_BUCKETS_NANOS);
 /// `etcd_disk_backend_commit_duration_seconds`: every redb commit of the writer (a batch, a
 /// checkpoint).
-pub static BACKEND_COMMIT: Histogram = Histogram::new(DISK_BUCKETS_NANOS);
+pub static BACKEND_COMMIT: Histogram<DISK_BUCKETS> = Histogram::new(DISK_BUCKETS_NANOS);
 /// `etcd_server_leader_changes_seen_total`: leaders this member has seen take over (a single
 /// store counts itself once, at start, as a one-member etcd does).
 pub static LEADER_CHANGES: AtomicU64 = AtomicU64::new(0);
@@ -96,7 +101,10 @@ pub static HEALTH_SUCCESS: AtomicU64 = AtomicU64::new(0);
 pub static HEALTH_FAILURES: AtomicU64 = AtomicU64::new(0);
 
 /// Round trips to each peer (`etcd_network_peer_round_trip_time_seconds{To}`), by member id.
-static PEER_RTT: RwLock<Vec<(u64, Arc<Histogram>)>> = RwLock::new(Vec::new());
+static PEER_RTT: RwLock<Vec<(u64, Arc<PeerRtt>)>> = RwLock::new(Vec::new());
+
+/// One peer's round-trip histogram.
+pub type PeerRtt = Histogram<RTT_BUCKETS>;
 
 /// Records one round trip to peer `to`.
 pub fn observe_peer_rtt(to: u64, elapsed: Duration) {
@@ -117,7 +125,7 @@ pub fn observe_peer_rtt(to: u64, elapsed: Duration) {
 }
 
 /// The peers with round trips recorded, and their histograms.
-pub fn peer_rtts() -> Vec<(u64, Arc<Histogram>)> {
+pub fn peer_rtts() -> Vec<(u64, Arc<PeerRtt>)> {
     PEER_RTT.read().clone()
 }
 
@@ -405,7 +413,12 @@ impl Exposition {
     }
 
     /// The samples of a histogram: cumulative buckets, `+Inf`, sum (seconds) and count.
-    pub fn histogram(&mut self, name: &str, labels: &[(&str, &str)], h: &Histogram) -> &mut Self {
+    pub fn histogram<const N: usize>(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        h: &Histogram<N>,
+    ) -> &mut Self {
         let mut cumulative = 0;
         for (i, bound) in h.bounds_nanos.iter().enumerate() {
             cumulative += h.buckets[i].load(Ordering::Relaxed);
@@ -414,7 +427,7 @@ impl Exposition {
             self.labels(labels, Some(&le));
             let _ = writeln!(self.out, " {cumulative}");
         }
-        cumulative += h.buckets[BUCKETS].load(Ordering::Relaxed);
+        cumulative += h.overflow.load(Ordering::Relaxed);
         let _ = write!(self.out, "{name}_bucket");
         self.labels(labels, Some("+Inf"));
         let _ = writeln!(self.out, " {cumulative}");
@@ -678,7 +691,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("r_bucket{To=\"a\",le=\"0.8192\"} 0\n"),
+            text.contains("r_bucket{To=\"a\",le=\"3.2768\"} 0\n"),
             "{text}"
         );
     }
