@@ -44,7 +44,8 @@ pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
 /// a silent one at the same deadline as a connection that never spoke.
 pub const HTTP1_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connections accepted that have not yet proven themselves: no preface or request line yet,
+/// Connections accepted on one port that have not yet proven themselves: no preface or
+/// request line yet,
 /// TLS handshake unfinished, or an HTTP/1 connection before its first request head. Each
 /// holds a socket, a task and a timer until its deadline, so this bounds what a flood of
 /// idle connections can pin (file descriptors above all): at [`FIRST_BYTES_TIMEOUT`] a
