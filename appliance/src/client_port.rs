@@ -45,8 +45,8 @@ pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
 pub const HTTP1_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections accepted on one port that have not yet proven themselves: no preface or
-/// request line yet,
-/// TLS handshake unfinished, or an HTTP/1 connection before its first request head. Each
+/// request line yet, TLS handshake unfinished, or an HTTP/1 connection before its first
+/// request head. Each
 /// holds a socket, a task and a timer until its deadline, so this bounds what a flood of
 /// idle connections can pin (file descriptors above all): at [`FIRST_BYTES_TIMEOUT`] a
 /// client must open more than 400 connections a second to reach it. One accepted over the
