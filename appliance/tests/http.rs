@@ -446,7 +446,7 @@ fn out_of_file_descriptors_the_accept_loop_backs_off_and_recovers() {
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     // A descriptor limit the server reaches with a few dozen connections.
-    let mut child = Command::new("sh")
+    let child = Command::new("sh")
         .args(["-c", "ulimit -n 64 && exec \"$@\"", "sh"])
         .arg(env!("CARGO_BIN_EXE_skerry"))
         .args([
@@ -461,6 +461,8 @@ fn out_of_file_descriptors_the_accept_loop_backs_off_and_recovers() {
         .stderr(Stdio::null())
         .spawn()
         .expect("start skerry");
+    // Killed however the test ends (`exec` made the shell's process the server).
+    let child = KillOnDrop(child);
     let deadline = Instant::now() + WAIT;
     while curl(&[&format!("{url}/health")]).0 != 200 {
         assert!(Instant::now() < deadline, "skerry did not start");
@@ -472,9 +474,9 @@ fn out_of_file_descriptors_the_accept_loop_backs_off_and_recovers() {
         .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
         .collect();
     std::thread::sleep(Duration::from_millis(500));
-    let before = cpu_ticks(child.id());
+    let before = cpu_ticks(child.0.id());
     std::thread::sleep(Duration::from_secs(2));
-    let spent = cpu_ticks(child.id()) - before;
+    let spent = cpu_ticks(child.0.id()) - before;
     // A loop retrying at once burns what CPU it gets (60-200 ticks in 2 s measured on a
     // loaded 2-core machine); backing off, almost none.
     eprintln!("out of descriptors: {spent} ticks of CPU in 2 s");
@@ -489,6 +491,15 @@ fn out_of_file_descriptors_the_accept_loop_backs_off_and_recovers() {
         assert!(Instant::now() < deadline, "skerry did not recover");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
+}
+
+/// A child process killed and reaped when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
