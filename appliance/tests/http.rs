@@ -340,6 +340,33 @@ fn the_gateway_serves_curl_and_patronis_calls_with_etcds_json_and_errors() {
         "{status}"
     );
     assert_eq!(status["leader"], status["header"]["member_id"]);
+    // A snapshot streams as `{"result": ...}` lines whose blobs add up to what the first
+    // said remained, the last with nothing remaining (the default, left out).
+    let (code, text) = curl(&["-X", "POST", &format!("{base}/v3/maintenance/snapshot")]);
+    assert_eq!(code, 200);
+    let chunks: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let blob_len = |c: &Value| {
+        let blob = c["result"]["blob"].as_str().unwrap_or("");
+        base64::engine::general_purpose::STANDARD
+            .decode(blob)
+            .map(|b| b.len())
+            .unwrap_or(0)
+    };
+    let total: usize = chunks.iter().map(blob_len).sum();
+    let first_remaining: usize = chunks[0]["result"]["remaining_bytes"]
+        .as_str()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    assert_eq!(total, blob_len(&chunks[0]) + first_remaining);
+    assert!(
+        total > 0
+            && chunks
+                .last()
+                .is_some_and(|c| c["result"]["remaining_bytes"].is_null())
+    );
 }
 
 #[test]
