@@ -8,22 +8,22 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 mod fdlimit;
+mod client_port;
+mod http;
 mod kube;
 mod kubeconfig;
 mod pki;
 mod tls;
 
 use skerry_raft::{ClusterConfig, ClusterState, RaftNode};
-use skerry_store::grpc::authority::AuthorityFix;
-use skerry_store::grpc::coalesce::CoalesceWrites;
 use skerry_store::grpc::{EtcdApi, MemberInfo, router};
 use skerry_store::{Store, StoreConfig};
-use tokio_stream::StreamExt;
 use tracing::info;
 
 /// jemalloc instead of glibc's malloc. The gRPC path allocates and frees many small buffers
@@ -125,6 +125,10 @@ struct ServerArgs {
     /// URLs to listen on for client traffic, comma-separated (http://IP:PORT).
     #[arg(long, default_value = LISTEN_CLIENT_URL_DEFAULT, value_delimiter = ',')]
     listen_client_urls: Vec<String>,
+    /// Extra URLs that serve only /metrics and /health (etcd's flag), comma-separated:
+    /// http://IP:PORT, or https:// with --cert-file and --key-file.
+    #[arg(long, value_delimiter = ',')]
+    listen_metrics_urls: Vec<String>,
     /// Client URLs to advertise to the cluster, comma-separated [default: the listen URLs].
     #[arg(long, value_delimiter = ',')]
     advertise_client_urls: Vec<String>,
@@ -355,9 +359,15 @@ fn server(args: ServerArgs) -> Result<()> {
     for url in &advertise {
         parse_client_url(url).with_context(|| format!("--advertise-client-urls {url}"))?;
     }
+    let metrics_addrs = args
+        .listen_metrics_urls
+        .iter()
+        .map(|url| parse_client_url(url).with_context(|| format!("--listen-metrics-urls {url}")))
+        .collect::<Result<Vec<_>>>()?;
     let https = args
         .listen_client_urls
         .iter()
+        .chain(&args.listen_metrics_urls)
         .any(|url| url.starts_with("https://"));
     let client_tls = match (&args.cert_file, &args.key_file, https) {
         (Some(cert), Some(key), true) => Some(tls::acceptor(
@@ -400,6 +410,13 @@ fn server(args: ServerArgs) -> Result<()> {
                 .await
                 .with_context(|| format!("listen on {url}"))?;
             listeners.push(listener);
+        }
+        let mut metrics_listeners = Vec::new();
+        for (url, addr) in args.listen_metrics_urls.iter().zip(&metrics_addrs) {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listen on {url} (--listen-metrics-urls)"))?;
+            metrics_listeners.push(listener);
         }
         let api_listener = if args.secure_port != 0 {
             let addr = SocketAddr::new(args.bind_address, args.secure_port);
@@ -510,25 +527,28 @@ fn server(args: ServerArgs) -> Result<()> {
             );
         }
         let mut servers = Vec::new();
+        // Each client URL: gRPC (HTTP/2) and the HTTP face (HTTP/1) on one port.
+        let face = Arc::new(http::HttpFace::new(
+            api.clone(),
+            store.clone(),
+            true,
+            stop_rx.clone(),
+        ));
         for (url, listener) in args.listen_client_urls.iter().zip(listeners) {
             let mut stop = stop_rx.clone();
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
             if let (true, Some(acceptor)) = (url.starts_with("https://"), client_tls.clone()) {
-                let incoming = tls_incoming(listener, acceptor);
+                let incoming =
+                    client_port::serve_tls(listener, acceptor, face.clone(), true, stop_rx.clone());
+                let incoming = tokio_stream::wrappers::ReceiverStream::new(incoming);
                 let serve = router(api.clone()).serve_with_incoming_shutdown(incoming, shutdown);
                 servers.push(tokio::spawn(serve));
             } else {
                 let incoming =
-                    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
-                        conn.map(|stream| {
-                            // Requests are small and latency-bound: do not wait to coalesce
-                            // segments.
-                            let _ = stream.set_nodelay(true);
-                            AuthorityFix::new(CoalesceWrites::new(stream))
-                        })
-                    });
+                    client_port::serve_plain(listener, face.clone(), true, stop_rx.clone());
+                let incoming = tokio_stream::wrappers::ReceiverStream::new(incoming);
                 let serve = router(api.clone()).serve_with_incoming_shutdown(incoming, shutdown);
                 servers.push(tokio::spawn(serve));
             }
@@ -536,6 +556,33 @@ fn server(args: ServerArgs) -> Result<()> {
                 "skerry: serving etcd v3 API on {url} (data dir {})",
                 data_dir.display()
             );
+        }
+        // Each metrics URL: /metrics and /health only, over HTTP/1.
+        let metrics_face = Arc::new(http::HttpFace::new(
+            api.clone(),
+            store.clone(),
+            false,
+            stop_rx.clone(),
+        ));
+        for (url, listener) in args.listen_metrics_urls.iter().zip(metrics_listeners) {
+            // Nothing is routed to gRPC on these: the receivers stay empty.
+            if let (true, Some(acceptor)) = (url.starts_with("https://"), client_tls.clone()) {
+                drop(client_port::serve_tls(
+                    listener,
+                    acceptor,
+                    metrics_face.clone(),
+                    false,
+                    stop_rx.clone(),
+                ));
+            } else {
+                drop(client_port::serve_plain(
+                    listener,
+                    metrics_face.clone(),
+                    false,
+                    stop_rx.clone(),
+                ));
+            }
+            println!("skerry: serving /metrics and /health on {url}");
         }
         info!(name = %args.name, data_dir = %data_dir.display(), "skerry server started");
         let removed = async {
@@ -615,53 +662,6 @@ async fn ask_to_join(cluster: &ClusterConfig) -> Result<skerry_raft::transport::
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
-
-/// Accepts TCP connections and runs each TLS handshake in its own task (bounded by
-/// [`tls::HANDSHAKE_TIMEOUT`]); finished connections come out of the returned stream.
-fn tls_incoming(
-    listener: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-) -> tokio_stream::wrappers::ReceiverStream<
-    std::io::Result<AuthorityFix<CoalesceWrites<tls::TlsConn>>>,
-> {
-    let (tx, rx) = tokio::sync::mpsc::channel(TLS_ACCEPTED_QUEUE);
-    tokio::spawn(async move {
-        loop {
-            let (stream, remote) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!(error = %e, "client accept failed");
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            let acceptor = acceptor.clone();
-            let conn_tx = tx.clone();
-            tokio::spawn(async move {
-                match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => {
-                        let _ = conn_tx
-                            .send(Ok(AuthorityFix::new(CoalesceWrites::new(tls::TlsConn(
-                                stream,
-                            )))))
-                            .await;
-                    }
-                    Ok(Err(e)) => {
-                        tracing::debug!(%remote, error = %e, "client TLS handshake failed")
-                    }
-                    Err(_) => tracing::debug!(%remote, "client TLS handshake timed out"),
-                }
-            });
-            if tx.is_closed() {
-                return;
-            }
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
-}
-
-/// Connections whose handshake finished, waiting for the gRPC server to take them.
-const TLS_ACCEPTED_QUEUE: usize = 128;
 
 /// Pause between attempts to publish this member's attributes while no leader takes them.
 const PUBLISH_RETRY: Duration = Duration::from_millis(500);

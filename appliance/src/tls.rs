@@ -2,8 +2,8 @@
 //! `--client-cert-auth` client certificates checked against `--trusted-ca-file`, as etcd
 //! names them.
 //!
-//! Handshakes run in their own tasks, so a slow or silent client never holds up the accept
-//! loop; finished connections go to the gRPC server through a channel.
+//! Handshakes run in their own tasks (`client_port`), so a slow or silent client never holds
+//! up the accept loop; the negotiated protocol sends a connection to gRPC or to HTTP/1.
 
 use std::path::Path;
 use std::pin::Pin;
@@ -23,7 +23,15 @@ use tokio_rustls::server::TlsStream;
 /// How long a client gets to finish its TLS handshake before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The acceptor for client connections, ALPN `h2` (gRPC).
+/// The acceptor for client connections: ALPN `http/1.1` (the HTTP face: `/health`,
+/// `/metrics`, the JSON gateway) and `h2` (gRPC).
+///
+/// rustls picks the first of the server's protocols the client offers. gRPC clients offer
+/// `h2` alone (grpc-go, which etcdctl and the Kubernetes apiserver use, appends only `h2` to
+/// its TLS config), so they get HTTP/2 and the gRPC server; a general HTTP client such as
+/// curl offers both and gets HTTP/1.1 and the HTTP face. etcd 3.4 serves both faces over
+/// either protocol behind TLS (`grpcHandlerFunc` in `embed/serve.go`); preferring
+/// `http/1.1` gives the same answers without a router in front of the gRPC path.
 pub fn acceptor(
     cert: &Path,
     key: &Path,
@@ -52,12 +60,30 @@ pub fn acceptor(
     let mut config = builder
         .with_single_cert(chain, key)
         .context("--cert-file and --key-file do not make a usable pair")?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = vec![b"http/1.1".to_vec(), b"h2".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
 /// A client connection after its TLS handshake, as the gRPC server takes it.
-pub struct TlsConn(pub TlsStream<TcpStream>);
+///
+/// Until its first bytes arrive it carries a deadline: the HTTP/2 server would wait for the
+/// client's preface forever, so a client that negotiates `h2` and then says nothing gets a
+/// read error (and its connection closed) when the deadline passes. After the first bytes
+/// the deadline is gone and reads pass straight through.
+pub struct TlsConn {
+    stream: TlsStream<TcpStream>,
+    silent_until: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl TlsConn {
+    /// `stream`, closed by a read error if it sends nothing within `deadline`.
+    pub fn new(stream: TlsStream<TcpStream>, deadline: std::time::Duration) -> Self {
+        Self {
+            stream,
+            silent_until: Some(Box::pin(tokio::time::sleep(deadline))),
+        }
+    }
+}
 
 impl AsyncRead for TlsConn {
     fn poll_read(
@@ -65,7 +91,22 @@ impl AsyncRead for TlsConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        let this = &mut *self;
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if let Some(deadline) = &mut this.silent_until {
+            match &polled {
+                Poll::Ready(_) if buf.filled().len() > before => this.silent_until = None,
+                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client sent nothing after its TLS handshake",
+                    )));
+                }
+                _ => {}
+            }
+        }
+        polled
     }
 }
 
@@ -75,15 +116,15 @@ impl AsyncWrite for TlsConn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.stream).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -91,11 +132,11 @@ impl AsyncWrite for TlsConn {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
+        self.stream.is_write_vectored()
     }
 }
 
@@ -103,6 +144,6 @@ impl tonic::transport::server::Connected for TlsConn {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.0.get_ref().0.connect_info()
+        self.stream.get_ref().0.connect_info()
     }
 }

@@ -1058,4 +1058,94 @@ fn a_cluster_out_of_space_refuses_writes_on_every_member_until_disarmed() {
             );
         }
     }
+
+/// `curl` GET of `url`: the status and the body.
+fn curl_get(url: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "10", "-w", "\n%{http_code}", url])
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+#[test]
+fn health_turns_false_on_a_member_whose_peers_are_down_and_the_leader_measures_round_trips() {
+    let mut cluster = Cluster::start();
+    let leader = cluster.wait_for_leader(None);
+    for i in 0..NAMES.len() {
+        let (code, body) = curl_get(&format!("{}/health", cluster.member(i).url()));
+        assert_eq!(
+            (code, body.as_str()),
+            (200, r#"{"health":"true"}"#),
+            "member {i}"
+        );
+    }
+    // The leader times its heartbeats to each follower (etcd's per-peer round-trip
+    // histogram, labelled with the peer's id in hex).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, metrics) = curl_get(&format!("{}/metrics", cluster.member(leader).url()));
+        let peers = metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("etcd_network_peer_round_trip_time_seconds_count{To=\"")
+                    && !l.ends_with(" 0")
+            })
+            .count();
+        if peers == NAMES.len() - 1 {
+            assert!(metrics.contains("etcd_server_is_leader 1"), "{metrics}");
+            // etcd 3.4.23's help and buckets (0.1 ms doubling to 3.2768 s).
+            assert!(metrics.contains(
+                "# HELP etcd_network_peer_round_trip_time_seconds Round-Trip-Time histogram between peers\n"
+            ));
+            assert!(metrics.contains(",le=\"3.2768\"}"), "{metrics}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no round trips measured:\n{metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Alone, member 0 has no leader (and no quorum for a read): unhealthy, 503 as etcd says.
+    for i in 1..NAMES.len() {
+        cluster.members[i].take().expect("running").kill();
+    }
+    let url = cluster.member(0).url();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (code, body) = curl_get(&format!("{url}/health"));
+        if code == 503 {
+            assert_eq!(body, "{\"health\":\"false\"}\n");
+            break;
+        }
+        assert_eq!((code, body.as_str()), (200, r#"{"health":"true"}"#));
+        assert!(Instant::now() < deadline, "still healthy without its peers");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A leader cut off from its quorum is first unhealthy for want of a quorum read; once
+    // check-quorum makes it step down there is no leader at all, which stays unhealthy.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, metrics) = curl_get(&format!("{url}/metrics"));
+        if metrics.contains("\netcd_server_has_leader 0\n") {
+            assert!(metrics.contains("\netcd_server_is_leader 0\n"), "{metrics}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a leader without its peers:\n{metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (code, _) = curl_get(&format!("{url}/health"));
+    assert_eq!(code, 503);
+    let (_, metrics) = curl_get(&format!("{url}/metrics"));
+    let failures = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd_server_health_failures "))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(failures >= Some(2), "{metrics}");
 }

@@ -48,6 +48,11 @@ fn etcdctl_speaks_tls_and_a_client_without_a_certificate_is_refused() {
     let pki = dir.path();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    // A name of its own: OpenSSL (curl) takes a leaf whose issuer name equals its subject
+    // name, rcgen's default for both, for a self-signed certificate.
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "skerry test CA");
     let (ca, _, ca_key, ca_params) = write_cert(pki, "ca", ca_params, None);
     let issuer = rcgen::Issuer::new(ca_params, ca_key);
     let (server_cert, server_key, ..) = write_cert(
@@ -70,6 +75,7 @@ fn etcdctl_speaks_tls_and_a_client_without_a_certificate_is_refused() {
         arg(&client_cert),
         arg(&client_key),
     );
+    let metrics_url = format!("https://127.0.0.1:{}", common::free_port());
     let server = Server::start_https(
         &dir.path().join("data"),
         &[
@@ -80,6 +86,8 @@ fn etcdctl_speaks_tls_and_a_client_without_a_certificate_is_refused() {
             "--trusted-ca-file",
             &ca,
             "--client-cert-auth",
+            "--listen-metrics-urls",
+            &metrics_url,
         ],
     );
     let endpoint = format!("https://127.0.0.1:{}", server.port());
@@ -101,6 +109,37 @@ fn etcdctl_speaks_tls_and_a_client_without_a_certificate_is_refused() {
     );
     let get = etcdctl(&[&tls[..], &["get", "k", "--print-value-only"]].concat());
     assert_eq!(String::from_utf8_lossy(&get.stdout), "over-tls\n");
+    // curl on the same port, offering h2 and http/1.1 as it does by default, gets the HTTP
+    // face over HTTP/1.1 (etcdctl, offering h2 alone, got gRPC).
+    let curl = |url: &str, data: Option<&str>| {
+        let mut c = Command::new("curl");
+        c.args(["-s", "--max-time", "10", "-w", "\n%{http_version}"])
+            .args([
+                "--cacert",
+                &ca,
+                "--cert",
+                &client_cert,
+                "--key",
+                &client_key,
+            ]);
+        if let Some(data) = data {
+            c.args(["-X", "POST", "-d", data]);
+        }
+        let out = c.arg(url).output().expect("run curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(
+        curl(&format!("{endpoint}/health"), None),
+        "{\"health\":\"true\"}\n1.1"
+    );
+    let range = curl(
+        &format!("{endpoint}/v3/kv/range"),
+        Some(r#"{"key":"aw=="}"#),
+    );
+    assert!(range.contains(r#""value":"b3Zlci10bHM=""#), "{range}");
+    // An https metrics URL uses the client TLS files.
+    let metrics = curl(&format!("{metrics_url}/metrics"), None);
+    assert!(metrics.contains("etcd_server_has_leader 1"), "{metrics}");
     // Without a client certificate the handshake fails.
     let anonymous = etcdctl(&[
         "--endpoints",
@@ -151,4 +190,64 @@ fn tls_flags_without_https_urls_and_the_reverse_are_refused() {
         .expect("run skerry");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("https"));
+}
+
+#[test]
+fn a_tls_client_that_says_nothing_after_its_handshake_is_closed_at_the_deadline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = dir.path();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "skerry test CA");
+    let (ca, _, ca_key, ca_params) = write_cert(pki, "ca", ca_params, None);
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let (server_cert, server_key, ..) = write_cert(
+        pki,
+        "server",
+        leaf("127.0.0.1", rcgen::ExtendedKeyUsagePurpose::ServerAuth),
+        Some(&issuer),
+    );
+    let arg = |p: &PathBuf| p.display().to_string();
+    let server = Server::start_https(
+        &dir.path().join("data"),
+        &[
+            "--cert-file",
+            &arg(&server_cert),
+            "--key-file",
+            &arg(&server_key),
+        ],
+    );
+    let connect = format!("127.0.0.1:{}", server.port());
+    // For each protocol: a client that finishes the handshake, then keeps its side open and
+    // silent. The server closes it about 10 s later (the client port's first-bytes deadline
+    // for h2, its request-head deadline for HTTP/1.1); s_client then exits.
+    for alpn in ["h2", "http/1.1"] {
+        let started = std::time::Instant::now();
+        let mut client = Command::new("openssl")
+            .args(["s_client", "-quiet", "-connect", &connect, "-alpn", alpn])
+            .args(["-CAfile", &arg(&ca)])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run openssl s_client");
+        let exited = loop {
+            if let Ok(Some(_)) = client.try_wait() {
+                break Some(started.elapsed());
+            }
+            if started.elapsed() > std::time::Duration::from_secs(25) {
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let _ = client.kill();
+        let _ = client.wait();
+        let exited = exited.unwrap_or_else(|| panic!("{alpn}: still open after 25 s"));
+        assert!(
+            exited >= std::time::Duration::from_secs(9),
+            "{alpn}: closed after {exited:?}, before the deadline"
+        );
+    }
 }

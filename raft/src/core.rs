@@ -24,6 +24,7 @@
 //! linearizable reads share one ReadIndex round per turn.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use prost::Message as _;
@@ -219,6 +220,9 @@ pub struct Core<H: Host> {
     /// `ErrPeerURLexists`) while the table lags.
     applied_members: HashMap<u64, Option<Vec<String>>>,
     status: ReplicaStatus,
+    /// When the heartbeat each peer has not answered yet left (we lead): its answer gives
+    /// the round trip (`etcd_network_peer_round_trip_time_seconds`).
+    heartbeats_sent: HashMap<u64, Instant>,
 }
 
 /// A proposal's (or ReadIndex round's) context: the member and its proposal (round) id.
@@ -421,6 +425,7 @@ impl<H: Host> Core<H> {
             removed: false,
             applied_members: HashMap::new(),
             status: ReplicaStatus::default(),
+            heartbeats_sent: HashMap::new(),
         }
     }
 
@@ -586,6 +591,12 @@ impl<H: Host> Core<H> {
                 if Some(m.from) == self.suspect {
                     // It speaks: alive after all (a broken link, since mended).
                     self.suspect = None;
+                }
+                if m.get_msg_type() == MessageType::MsgHeartbeatResponse
+                    && let Some(sent) = self.heartbeats_sent.remove(&m.from)
+                {
+                    let rtt = self.host.now().duration_since(sent);
+                    skerry_store::metrics::observe_peer_rtt(m.from, rtt);
                 }
                 let snapshot_file = (m.get_msg_type() == MessageType::MsgSnapshot).then(|| {
                     std::path::PathBuf::from(
@@ -956,8 +967,31 @@ impl<H: Host> Core<H> {
         if messages.is_empty() {
             return;
         }
+        self.note_heartbeats(&messages);
         for peer in self.host.send(messages) {
             self.raw.report_unreachable(peer);
+        }
+    }
+
+    /// Notes when each heartbeat left, for the round trip its answer closes. A heartbeat
+    /// still unanswered keeps its time, so a late answer is never measured against a later
+    /// heartbeat; one unanswered for an election timeout is taken as lost.
+    fn note_heartbeats(&mut self, messages: &[Message]) {
+        let mut now = None;
+        for m in messages {
+            if m.get_msg_type() != MessageType::MsgHeartbeat {
+                continue;
+            }
+            let now = *now.get_or_insert_with(|| self.host.now());
+            let election = self.election;
+            self.heartbeats_sent
+                .entry(m.to)
+                .and_modify(|sent| {
+                    if now.duration_since(*sent) >= election {
+                        *sent = now;
+                    }
+                })
+                .or_insert(now);
         }
     }
 
@@ -966,6 +1000,10 @@ impl<H: Host> Core<H> {
         let term = self.raw.raft.term;
         let is_leader = self.raw.raft.state == StateRole::Leader;
         if leader != self.leader || term != self.term {
+            if leader != self.leader && leader != 0 {
+                // etcd's `leaderChanges`: a new leader is known (not the loss of one).
+                skerry_store::metrics::LEADER_CHANGES.fetch_add(1, Ordering::Relaxed);
+            }
             if leader != self.leader {
                 info!(
                     leader = format_args!("{leader:x}"),

@@ -75,6 +75,15 @@ impl KeyIndex {
         self.keys.is_empty()
     }
 
+    /// Keys whose latest change is not a delete: the keys a read at the current revision
+    /// sees. Walks every key.
+    pub fn live_len(&self) -> usize {
+        self.keys
+            .values()
+            .filter(|entries| entries.last().is_some_and(|e| !e.tombstone))
+            .count()
+    }
+
     /// Records a put of `key` at `rev`.
     ///
     /// # Panics

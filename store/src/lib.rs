@@ -36,6 +36,7 @@ pub mod gosort;
 pub mod grpc;
 pub mod index;
 pub mod lease;
+pub mod metrics;
 pub mod mvcc;
 pub mod pb;
 pub mod quota;

@@ -5,10 +5,13 @@
 
 pub mod mvccpb {
     tonic::include_proto!("mvccpb");
+    // The proto3 JSON mapping with etcd's field names, for the HTTP gateway (see build.rs).
+    include!(concat!(env!("OUT_DIR"), "/mvccpb.serde.rs"));
 }
 
 pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
+    include!(concat!(env!("OUT_DIR"), "/etcdserverpb.serde.rs"));
 }
 
 /// skerry's own packages, nested as their proto package names so generated paths resolve.

@@ -401,6 +401,11 @@ impl Store {
             backend_bytes: AtomicU64::new(backend_bytes),
             alarms: RwLock::new(alarms),
         });
+        if !config.replicated {
+            // A single store leads itself from its start, as a one-member etcd's first
+            // election makes it leader once.
+            crate::metrics::LEADER_CHANGES.fetch_add(1, Ordering::Relaxed);
+        }
         let (tx, rx) = mpsc::channel(WRITE_QUEUE_MAX);
         let mut writer = Writer {
             shared: shared.clone(),
@@ -498,6 +503,12 @@ impl Store {
     /// last run acknowledged after its last checkpoint.
     pub fn replayed_at_open(&self) -> usize {
         self.shared.replayed
+    }
+
+    /// Keys in the keyspace now, deleted ones left out (`etcd_debugging_mvcc_keys_total`).
+    /// Walks the index under its read lock: for scrapes, not for a request's path.
+    pub fn key_count(&self) -> usize {
+        self.shared.mvcc.index.read().live_len()
     }
 
     pub fn hub(&self) -> &WatchHub {
@@ -770,6 +781,25 @@ impl Store {
     }
 
     async fn propose(&self, command: Cmd, physical: bool) -> Result<CommandResult, StoreError> {
+        let _pending = crate::metrics::Pending::start();
+        let result = self.propose_inner(command, physical).await;
+        if let Err(
+            StoreError::NoLeader
+            | StoreError::LeaderChanged
+            | StoreError::Timeout
+            | StoreError::Stopped,
+        ) = &result
+        {
+            crate::metrics::PROPOSALS_FAILED.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn propose_inner(
+        &self,
+        command: Cmd,
+        physical: bool,
+    ) -> Result<CommandResult, StoreError> {
         let (reply, rx) = oneshot::channel();
         let command = Command {
             command: Some(command),
@@ -843,6 +873,14 @@ impl Store {
         if !self.shared.replicated {
             return Ok(());
         }
+        let result = self.read_index_wait().await;
+        if result.is_err() {
+            crate::metrics::READ_INDEXES_FAILED.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn read_index_wait(&self) -> Result<(), StoreError> {
         let replicator = self.shared.replicator.get().ok_or(StoreError::NoLeader)?;
         let (reply, rx) = oneshot::channel();
         replicator.read_index(reply);
@@ -2083,7 +2121,9 @@ impl Writer {
             Durability::None
         })
         .map_err(StoreError::storage)?;
+        let commit_started = Instant::now();
         txn.commit()?;
+        crate::metrics::BACKEND_COMMIT.observe(commit_started.elapsed());
         drop(db);
         self.measure();
         if checkpoint {
@@ -2225,7 +2265,9 @@ impl Writer {
                 let mut meta = txn.open_table(META)?;
                 meta.insert(META_APPLIED_INDEX, self.cursor.applied_index)?;
             }
+            let commit_started = Instant::now();
             txn.commit()?;
+            crate::metrics::BACKEND_COMMIT.observe(commit_started.elapsed());
         }
         // A durable commit may give the file's free tail back.
         self.measure();

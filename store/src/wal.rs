@@ -213,7 +213,9 @@ impl Wal {
         records: impl IntoIterator<Item = (u64, &'a [u8])>,
     ) -> Result<(), StoreError> {
         self.write(records)?;
+        let started = std::time::Instant::now();
         self.file.sync_data()?;
+        crate::metrics::WAL_FSYNC.observe(started.elapsed());
         Ok(())
     }
 

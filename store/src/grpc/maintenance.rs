@@ -12,8 +12,9 @@ use tonic::{Request, Response, Status};
 use super::{ETCD_VERSION_REPORTED, EtcdApi, status};
 use crate::alarm::alarm_text;
 use crate::error::StoreError;
+use crate::metrics::grpc::{self as metrics, Method};
 use crate::pb::etcdserverpb::{
-    AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, HashKvRequest,
+    AlarmMember, AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, HashKvRequest,
     HashKvResponse, HashRequest, HashResponse, Member, MemberAddRequest, MemberAddResponse,
     MemberListRequest, MemberListResponse, MemberPromoteRequest, MemberPromoteResponse,
     MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
@@ -41,74 +42,90 @@ impl Maintenance for EtcdApi {
         &self,
         request: Request<AlarmRequest>,
     ) -> Result<Response<AlarmResponse>, Status> {
-        // etcd 3.4 answers alarm requests without a header.
-        let response = self
-            .store
-            .alarm(request.into_inner())
-            .await
-            .map_err(status)?;
-        Ok(Response::new(response))
+        metrics::unary(Method::Alarm, async move {
+            // etcd 3.4 answers alarm requests without a header.
+            let response = self
+                .store
+                .alarm(request.into_inner())
+                .await
+                .map_err(status)?;
+            Ok(Response::new(response))
+        })
+        .await
     }
 
     async fn status(
         &self,
         _request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        let s = self.store.status().await.map_err(status)?;
-        let replica = self.store.replica_status();
-        // etcd lists every active alarm among the errors, in protobuf's text form.
-        let errors = self.store.alarms().iter().map(alarm_text).collect();
-        Ok(Response::new(StatusResponse {
-            header: Some(self.store.header(s.revision)),
-            version: ETCD_VERSION_REPORTED.into(),
-            db_size: i64::try_from(s.db_size).unwrap_or(i64::MAX),
-            leader: replica.leader,
-            raft_index: replica.commit_index,
-            raft_term: replica.term,
-            raft_applied_index: s.applied_index,
-            errors,
-            db_size_in_use: i64::try_from(s.db_size_in_use).unwrap_or(i64::MAX),
-            is_learner: false,
-        }))
+        metrics::unary(Method::Status, async move {
+            let s = self.store.status().await.map_err(status)?;
+            let replica = self.store.replica_status();
+            // etcd lists every active alarm among the errors, in protobuf's text form.
+            let errors = self.store.alarms().iter().map(alarm_text).collect();
+            Ok(Response::new(StatusResponse {
+                header: Some(self.store.header(s.revision)),
+                version: ETCD_VERSION_REPORTED.into(),
+                db_size: i64::try_from(s.db_size).unwrap_or(i64::MAX),
+                leader: replica.leader,
+                raft_index: replica.commit_index,
+                raft_term: replica.term,
+                raft_applied_index: s.applied_index,
+                errors,
+                db_size_in_use: i64::try_from(s.db_size_in_use).unwrap_or(i64::MAX),
+                is_learner: false,
+            }))
+        })
+        .await
     }
 
     async fn defragment(
         &self,
         _request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
-        self.store.defragment().await.map_err(status)?;
-        Ok(Response::new(DefragmentResponse {
-            header: Some(self.store.header(self.store.revision())),
-        }))
+        metrics::unary(Method::Defragment, async move {
+            self.store.defragment().await.map_err(status)?;
+            Ok(Response::new(DefragmentResponse {
+                header: Some(self.store.header(self.store.revision())),
+            }))
+        })
+        .await
     }
 
     async fn hash(&self, _request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
-        let store = self.store.clone();
-        let (hash, _) = tokio::task::spawn_blocking(move || store.hash_kv(0))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(status)?;
-        Ok(Response::new(HashResponse {
-            header: Some(self.store.header(self.store.revision())),
-            hash,
-        }))
+        metrics::unary(Method::Hash, async move {
+            let store = self.store.clone();
+            let (hash, _) = tokio::task::spawn_blocking(move || store.hash_kv(0))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(status)?;
+            Ok(Response::new(HashResponse {
+                header: Some(self.store.header(self.store.revision())),
+                hash,
+            }))
+        })
+        .await
     }
 
     async fn hash_kv(
         &self,
         request: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
-        let store = self.store.clone();
-        let revision = request.get_ref().revision;
-        let (hash, compact_revision) = tokio::task::spawn_blocking(move || store.hash_kv(revision))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(status)?;
-        Ok(Response::new(HashKvResponse {
-            header: Some(self.store.header(self.store.revision())),
-            hash,
-            compact_revision,
-        }))
+        metrics::unary(Method::HashKv, async move {
+            let store = self.store.clone();
+            let revision = request.get_ref().revision;
+            let (hash, compact_revision) =
+                tokio::task::spawn_blocking(move || store.hash_kv(revision))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?
+                    .map_err(status)?;
+            Ok(Response::new(HashKvResponse {
+                header: Some(self.store.header(self.store.revision())),
+                hash,
+                compact_revision,
+            }))
+        })
+        .await
     }
 
     type SnapshotStream = SnapshotStream;
@@ -162,23 +179,35 @@ impl Maintenance for EtcdApi {
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(metrics::Counted::new(
+            Method::Snapshot,
+            ReceiverStream::new(rx),
+        ))))
     }
 
     async fn move_leader(
         &self,
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        self.store
-            .move_leader(request.get_ref().target_id)
-            .await
-            .map_err(status)?;
-        // etcd answers with an empty response, no header.
-        Ok(Response::new(MoveLeaderResponse { header: None }))
+        metrics::unary(Method::MoveLeader, async move {
+            self.store
+                .move_leader(request.get_ref().target_id)
+                .await
+                .map_err(status)?;
+            // etcd answers with an empty response, no header.
+            Ok(Response::new(MoveLeaderResponse { header: None }))
+        })
+        .await
     }
 }
 
 impl EtcdApi {
+    /// The alarms active in the cluster (the store's alarm table, as the log left it): what
+    /// `Alarm` GET lists and what makes `/health` false.
+    pub fn active_alarms(&self) -> Vec<AlarmMember> {
+        self.store.alarms()
+    }
+
     /// The members as the log recorded them (membership changes, and the names and client
     /// URLs each member published at start); a single store is its own only member.
     fn members(&self) -> Result<Vec<Member>, StoreError> {
@@ -233,69 +262,84 @@ impl Cluster for EtcdApi {
         &self,
         request: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
-        let request = request.into_inner();
-        let members = self
-            .change(MembershipChange::Add {
-                peer_urls: request.peer_urls.clone(),
-                learner: request.is_learner,
-            })
-            .await?;
-        let member = members
-            .iter()
-            .find(|m| m.peer_urls == request.peer_urls)
-            .cloned();
-        Ok(Response::new(MemberAddResponse {
-            header: Some(self.store.header(0)),
-            member,
-            members,
-        }))
+        metrics::unary(Method::MemberAdd, async move {
+            let request = request.into_inner();
+            let members = self
+                .change(MembershipChange::Add {
+                    peer_urls: request.peer_urls.clone(),
+                    learner: request.is_learner,
+                })
+                .await?;
+            let member = members
+                .iter()
+                .find(|m| m.peer_urls == request.peer_urls)
+                .cloned();
+            Ok(Response::new(MemberAddResponse {
+                header: Some(self.store.header(0)),
+                member,
+                members,
+            }))
+        })
+        .await
     }
 
     async fn member_remove(
         &self,
         request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
-        let members = self
-            .change(MembershipChange::Remove {
-                id: request.get_ref().id,
-            })
-            .await?;
-        Ok(Response::new(MemberRemoveResponse {
-            header: Some(self.store.header(0)),
-            members,
-        }))
+        metrics::unary(Method::MemberRemove, async move {
+            let members = self
+                .change(MembershipChange::Remove {
+                    id: request.get_ref().id,
+                })
+                .await?;
+            Ok(Response::new(MemberRemoveResponse {
+                header: Some(self.store.header(0)),
+                members,
+            }))
+        })
+        .await
     }
 
     async fn member_update(
         &self,
         _r: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
-        Err(Status::failed_precondition(MEMBER_UPDATE_UNSUPPORTED))
+        metrics::unary(Method::MemberUpdate, async move {
+            Err(Status::failed_precondition(MEMBER_UPDATE_UNSUPPORTED))
+        })
+        .await
     }
 
     async fn member_list(
         &self,
         _r: Request<MemberListRequest>,
     ) -> Result<Response<MemberListResponse>, Status> {
-        // etcd's Cluster service leaves the revision out of its headers.
-        Ok(Response::new(MemberListResponse {
-            header: Some(self.store.header(0)),
-            members: self.members().map_err(status)?,
-        }))
+        metrics::unary(Method::MemberList, async move {
+            // etcd's Cluster service leaves the revision out of its headers.
+            Ok(Response::new(MemberListResponse {
+                header: Some(self.store.header(0)),
+                members: self.members().map_err(status)?,
+            }))
+        })
+        .await
     }
 
     async fn member_promote(
         &self,
         request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
-        let members = self
-            .change(MembershipChange::Promote {
-                id: request.get_ref().id,
-            })
-            .await?;
-        Ok(Response::new(MemberPromoteResponse {
-            header: Some(self.store.header(0)),
-            members,
-        }))
+        metrics::unary(Method::MemberPromote, async move {
+            let members = self
+                .change(MembershipChange::Promote {
+                    id: request.get_ref().id,
+                })
+                .await?;
+            Ok(Response::new(MemberPromoteResponse {
+                header: Some(self.store.header(0)),
+                members,
+            }))
+        })
+        .await
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod authority;
 pub mod coalesce;
+pub mod gateway;
 mod kv;
 mod lease;
 mod maintenance;

@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::debug;
 
 use super::EtcdApi;
+use crate::metrics::grpc::{self as metrics, Method};
 use crate::pb::etcdserverpb::{
     WatchRequest, WatchResponse, watch_request::RequestUnion, watch_server::Watch,
 };
@@ -25,24 +26,42 @@ impl Watch for EtcdApi {
         &self,
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let mut inbound = request.into_inner();
+        let inbound = request.into_inner();
+        // A read error ends the request side, as the client's end would.
+        let inbound = tokio_stream::StreamExt::map_while(inbound, Result::ok);
+        Ok(Response::new(self.watch_stream(inbound)))
+    }
+}
+
+impl EtcdApi {
+    /// Serves one watch stream whose requests come from `inbound`: the gRPC stream's, or the
+    /// JSON objects of an HTTP gateway request's body.
+    pub(crate) fn watch_stream(
+        &self,
+        inbound: impl Stream<Item = WatchRequest> + Send + 'static,
+    ) -> WatchResponses {
+        let call = metrics::StreamCall::start(Method::Watch);
         let (stream_id, tx, rx) = self.store.hub().open_stream();
         let store = self.store.clone();
         tokio::spawn(async move {
+            let inbound =
+                futures::StreamExt::inspect(inbound, |_| metrics::received(Method::Watch));
+            let mut inbound = std::pin::pin!(inbound);
             // A client that half-closes its side keeps its watchers, as with etcd; the stream
             // ends when the response side is dropped.
-            while let Ok(Some(req)) = inbound.message().await {
+            while let Some(req) = futures::StreamExt::next(&mut inbound).await {
                 if !handle(&store, stream_id, &tx, req).await {
                     break;
                 }
             }
         });
-        Ok(Response::new(WatchResponses {
+        WatchResponses {
             rx,
             pending: Vec::new(),
             store: self.store.clone(),
             stream_id,
-        }))
+            call,
+        }
     }
 }
 
@@ -110,6 +129,8 @@ pub struct WatchResponses {
     pending: Vec<WatchResponse>,
     store: Store,
     stream_id: u64,
+    /// The call, for `grpc_server_*`: counted handled when the stream goes.
+    call: metrics::StreamCall,
 }
 
 impl Drop for WatchResponses {
@@ -122,6 +143,21 @@ impl Stream for WatchResponses {
     type Item = Result<WatchResponse, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let polled = self.poll_response(cx);
+        match &polled {
+            Poll::Ready(Some(_)) => metrics::sent(Method::Watch),
+            Poll::Ready(None) => self.call.ended = Some(tonic::Code::Ok),
+            Poll::Pending => {}
+        }
+        polled
+    }
+}
+
+impl WatchResponses {
+    fn poll_response(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<WatchResponse, Status>>> {
         if let Some(next) = self.pending.pop() {
             return Poll::Ready(Some(Ok(next)));
         }
