@@ -14,8 +14,9 @@
 //! first bytes after a handshake that chose `h2` (`TlsConn`); an HTTP/1 connection's first
 //! request head by [`HTTP1_HEADER_TIMEOUT`]; at most
 //! [`UNPROVEN_CONNECTIONS_MAX`] connections may be at any of these stages at once, and one
-//! accepted over that is closed at once; and a failing `accept` (out of file descriptors)
-//! backs off from [`ACCEPT_BACKOFF_MIN`] to [`ACCEPT_BACKOFF_MAX`] instead of spinning.
+//! accepted over that is closed at once ([`HandshakeGate`]); and a failing `accept` (out of
+//! file descriptors) backs off instead of spinning ([`AcceptBackoff`]), as every listener of
+//! `skerry server` does (`skerry_store::accept`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,7 +26,8 @@ use parking_lot::Mutex;
 use skerry_store::grpc::authority::AuthorityFix;
 use skerry_store::grpc::coalesce::CoalesceWrites;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use skerry_store::accept::{AcceptBackoff, HandshakeGate, HandshakeSlot};
+use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 
 use crate::http::HttpFace;
@@ -53,12 +55,6 @@ pub const HTTP1_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// bound is closed at once, so a client that retries gets in as the idle ones expire, and
 /// connections that already spoke are never affected.
 pub const UNPROVEN_CONNECTIONS_MAX: usize = 4_096;
-
-/// The pause after a failed `accept` (EMFILE, ENFILE, ENOBUFS...), doubled on each failure in
-/// a row up to [`ACCEPT_BACKOFF_MAX`]: Go's `http.Server.Serve` backs off the same way (5 ms
-/// to 1 s); without it an exhausted descriptor table makes the loop spin at full CPU.
-pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
-pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// The pause before peeking again at a connection that has sent part of the HTTP/2 preface:
 /// the rest is normally in the same segment, so this almost never runs.
@@ -165,44 +161,32 @@ pub fn serve_tls(
     rx
 }
 
-/// Accepts connections until `stop`, each handed to `route` on a task of its own with one of
-/// `unproven_max` permits (one accepted when none is left is closed at once); backs off when
-/// `accept` fails.
+/// Accepts connections until `stop`, each handed to `route` on a task of its own with a slot
+/// of a gate of `unproven_max` (one accepted when none is left is closed at once); backs off
+/// when `accept` fails.
 async fn accept_loop<F, Fut>(
     listener: TcpListener,
     mut stop: watch::Receiver<bool>,
     unproven_max: usize,
     route: F,
 ) where
-    F: Fn(TcpStream, SocketAddr, OwnedSemaphorePermit) -> Fut,
+    F: Fn(TcpStream, SocketAddr, HandshakeSlot) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let unproven = Arc::new(Semaphore::new(unproven_max));
-    let mut backoff = ACCEPT_BACKOFF_MIN;
+    let gate = HandshakeGate::new("etcd-client", unproven_max);
+    let mut backoff = AcceptBackoff::new("etcd-client");
     loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+        let (stream, remote) = tokio::select! {
+            accepted = backoff.accept(|| listener.accept()) => accepted,
             _ = stop.wait_for(|s| *s) => return,
         };
-        let (stream, remote) = match accepted {
-            Ok(accepted) => {
-                backoff = ACCEPT_BACKOFF_MIN;
-                accepted
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, pause = ?backoff, "client accept failed; backing off");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                continue;
-            }
-        };
-        let Ok(permit) = unproven.clone().try_acquire_owned() else {
+        let Some(slot) = gate.admit() else {
             tracing::debug!(%remote, "too many connections still to send a request; closing");
             continue;
         };
         // Requests are small and latency-bound: do not wait to coalesce segments.
         let _ = stream.set_nodelay(true);
-        tokio::spawn(route(stream, remote, permit));
+        tokio::spawn(route(stream, remote, slot));
     }
 }
 
@@ -229,10 +213,10 @@ async fn sniff(stream: &TcpStream) -> std::io::Result<Option<Sniffed>> {
 
 /// The unproven-connection permit of an HTTP/1 connection, given back when its first request
 /// head has arrived (the service is called).
-pub struct FirstRequest(Mutex<Option<OwnedSemaphorePermit>>);
+pub struct FirstRequest(Mutex<Option<HandshakeSlot>>);
 
 impl FirstRequest {
-    pub fn new(permit: OwnedSemaphorePermit) -> Self {
+    pub fn new(permit: HandshakeSlot) -> Self {
         FirstRequest(Mutex::new(Some(permit)))
     }
 

@@ -1058,6 +1058,7 @@ fn a_cluster_out_of_space_refuses_writes_on_every_member_until_disarmed() {
             );
         }
     }
+}
 
 /// `curl` GET of `url`: the status and the body.
 fn curl_get(url: &str) -> (u16, String) {

@@ -615,7 +615,7 @@ fn normalise_json(line: &str) -> String {
 #[test]
 fn the_json_gateway_answers_curl_as_etcd_does() {
     let etcd_dir = tempfile::tempdir().expect("tempdir");
-    let (etcd, etcd_port) = start_etcd(etcd_dir.path());
+    let (etcd, etcd_port) = start_etcd(etcd_dir.path(), &[]);
     let reference = run_http_session(&format!("http://127.0.0.1:{etcd_port}"));
     drop(etcd);
 
@@ -665,7 +665,7 @@ fn curl_metrics(base: &str) -> String {
 #[test]
 fn every_metric_skerry_serves_is_etcds_with_its_type_help_and_buckets() {
     let etcd_dir = tempfile::tempdir().expect("tempdir");
-    let (etcd, etcd_port) = start_etcd(etcd_dir.path());
+    let (etcd, etcd_port) = start_etcd(etcd_dir.path(), &[]);
     let etcd_base = format!("http://127.0.0.1:{etcd_port}");
     let theirs_text = curl_metrics(&etcd_base);
     drop(etcd);
