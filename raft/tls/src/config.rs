@@ -209,15 +209,12 @@ pub fn roots(
     Ok(roots)
 }
 
-/// The PEM certificates in `pem`, in order; an error if it holds none.
+/// The PEM certificates in `pem`, in order (none if it holds none: the caller says what
+/// that means for it).
 pub fn certs_from_pem(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_slice_iter(pem)
+    CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    if certs.is_empty() {
-        return Err("no PEM certificate in it".into());
-    }
-    Ok(certs)
+        .map_err(|e| e.to_string())
 }
 
 /// The first PEM private key in `pem` (PKCS#8, PKCS#1 or SEC1).

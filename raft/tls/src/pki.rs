@@ -203,8 +203,14 @@ impl std::fmt::Debug for CertifiedKey {
 impl CertifiedKey {
     /// The certificate chain, DER, leaf first.
     pub fn cert_chain(&self) -> Result<Vec<CertificateDer<'static>>, Error> {
-        certs_from_pem(self.cert_pem.as_bytes())
-            .map_err(|e| Error::Invalid(format!("the certificate PEM: {e}")))
+        let chain = certs_from_pem(self.cert_pem.as_bytes())
+            .map_err(|e| Error::Invalid(format!("the certificate PEM: {e}")))?;
+        if chain.is_empty() {
+            return Err(Error::Invalid(
+                "the certificate PEM: no PEM certificate in it".into(),
+            ));
+        }
+        Ok(chain)
     }
 
     /// The private key, DER.
@@ -800,6 +806,11 @@ mod tests {
         assert_eq!(read.key_pem, leaf.key_pem);
         assert_eq!(read.cert_chain().unwrap().len(), 1);
         read.private_key().unwrap();
+        let empty = CertifiedKey {
+            cert_pem: String::new(),
+            key_pem: read.key_pem.clone(),
+        };
+        assert!(empty.cert_chain().is_err());
 
         // A key from another CA does not belong; a leaf is not a CA.
         let other = Ca::generate("other").unwrap();

@@ -1522,6 +1522,11 @@ fn tls_config(config: &Config) -> Result<rustls::ClientConfig, Error> {
         Credentials::ClientCert { cert_pem, key_pem } => {
             let chain = tls::certs_from_pem(cert_pem.as_bytes())
                 .map_err(|e| Error::Config(format!("client certificate PEM: {e}")))?;
+            if chain.is_empty() {
+                return Err(Error::Config(
+                    "the client certificate PEM holds no certificate".to_string(),
+                ));
+            }
             let key = tls::key_from_pem(key_pem.as_bytes())
                 .map_err(|e| Error::Config(format!("client key PEM: {e}")))?;
             Some((chain, key))
@@ -1539,6 +1544,9 @@ fn tls_config(config: &Config) -> Result<rustls::ClientConfig, Error> {
     })?;
     let cas = tls::certs_from_pem(ca_pem.as_bytes())
         .map_err(|e| Error::Config(format!("CA certificate PEM: {e}")))?;
+    if cas.is_empty() {
+        return Err(Error::Config("the CA PEM holds no certificate".to_string()));
+    }
     let roots = tls::roots(cas).map_err(refused)?;
     tls::client_config(Arc::new(roots), identity, &ALPN_PROTOCOLS).map_err(refused)
 }
