@@ -15,18 +15,17 @@
 //! request head by [`HTTP1_HEADER_TIMEOUT`]; at most
 //! [`UNPROVEN_CONNECTIONS_MAX`] connections may be at any of these stages at once, and one
 //! accepted over that is closed at once ([`HandshakeGate`]); and a failing `accept` (out of
-//! file descriptors) backs off instead of spinning ([`AcceptBackoff`]), as every listener of
-//! `skerry server` does (`skerry_store::accept`).
+//! file descriptors) backs off instead of spinning (`AcceptBackoff`), as every listener of
+//! `skerry server` does: the loop is `skerry_tls::accept::serve`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use skerry_store::grpc::authority::AuthorityFix;
 use skerry_store::grpc::coalesce::CoalesceWrites;
+use skerry_tls::accept::{self, HandshakeGate, HandshakeSlot};
 use tokio::net::{TcpListener, TcpStream};
-use skerry_store::accept::{AcceptBackoff, HandshakeGate, HandshakeSlot};
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 
@@ -84,10 +83,10 @@ pub fn serve_plain(
     stop: watch::Receiver<bool>,
 ) -> mpsc::Receiver<std::io::Result<AuthorityFix<CoalesceWrites<TcpStream>>>> {
     let (tx, rx) = mpsc::channel(GRPC_ACCEPTED_QUEUE);
-    tokio::spawn(accept_loop(
+    tokio::spawn(accept::serve(
         listener,
-        stop.clone(),
-        UNPROVEN_CONNECTIONS_MAX,
+        gate(),
+        stopped(stop.clone()),
         move |stream, remote, permit| {
             let (tx, face, stop) = (tx.clone(), face.clone(), stop.clone());
             async move {
@@ -124,26 +123,21 @@ pub fn serve_tls(
     stop: watch::Receiver<bool>,
 ) -> mpsc::Receiver<std::io::Result<AuthorityFix<CoalesceWrites<TlsConn>>>> {
     let (tx, rx) = mpsc::channel(GRPC_ACCEPTED_QUEUE);
-    tokio::spawn(accept_loop(
+    tokio::spawn(accept::serve(
         listener,
-        stop.clone(),
-        UNPROVEN_CONNECTIONS_MAX,
+        gate(),
+        stopped(stop.clone()),
         move |stream, remote, permit| {
             let (tx, face, stop, acceptor) =
                 (tx.clone(), face.clone(), stop.clone(), acceptor.clone());
             async move {
-                let stream =
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => stream,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%remote, error = %e, "client TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%remote, "client TLS handshake timed out");
-                            return;
-                        }
-                    };
+                let stream = match accept::accept_tls(&acceptor, stream, HANDSHAKE_TIMEOUT).await {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        tracing::debug!(%remote, error = %e, "client connection failed");
+                        return;
+                    }
+                };
                 let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
                 if h2 && grpc {
                     drop(permit);
@@ -161,33 +155,14 @@ pub fn serve_tls(
     rx
 }
 
-/// Accepts connections until `stop`, each handed to `route` on a task of its own with a slot
-/// of a gate of `unproven_max` (one accepted when none is left is closed at once); backs off
-/// when `accept` fails.
-async fn accept_loop<F, Fut>(
-    listener: TcpListener,
-    mut stop: watch::Receiver<bool>,
-    unproven_max: usize,
-    route: F,
-) where
-    F: Fn(TcpStream, SocketAddr, HandshakeSlot) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let gate = HandshakeGate::new("etcd-client", unproven_max);
-    let mut backoff = AcceptBackoff::new("etcd-client");
-    loop {
-        let (stream, remote) = tokio::select! {
-            accepted = backoff.accept(|| listener.accept()) => accepted,
-            _ = stop.wait_for(|s| *s) => return,
-        };
-        let Some(slot) = gate.admit() else {
-            tracing::debug!(%remote, "too many connections still to send a request; closing");
-            continue;
-        };
-        // Requests are small and latency-bound: do not wait to coalesce segments.
-        let _ = stream.set_nodelay(true);
-        tokio::spawn(route(stream, remote, slot));
-    }
+/// The gate of one client port: [`UNPROVEN_CONNECTIONS_MAX`] connections at a time.
+fn gate() -> HandshakeGate {
+    HandshakeGate::new("etcd-client", UNPROVEN_CONNECTIONS_MAX)
+}
+
+/// Completes once `stop` turns true (or its sender is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
 }
 
 /// Peeks at a new connection until its first bytes tell HTTP/2 from HTTP/1; `None` if it
@@ -268,47 +243,5 @@ mod tests {
         let (client, server) = pair().await;
         drop(client);
         assert_eq!(sniff(&server).await.ok().flatten(), None);
-    }
-
-    #[tokio::test]
-    async fn connections_over_the_unproven_bound_are_closed_and_a_proven_one_frees_a_slot() {
-        use tokio::io::AsyncReadExt;
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let addr = listener.local_addr().expect("bound address");
-        let (_stop_tx, stop) = watch::channel(false);
-        let (proven_tx, mut proven_rx) = mpsc::unbounded_channel();
-        // Each routed connection holds its permit until it sends a byte, then gives it back
-        // and stays open.
-        tokio::spawn(accept_loop(
-            listener,
-            stop,
-            2,
-            move |mut stream, _, permit| {
-                let proven_tx = proven_tx.clone();
-                async move {
-                    let mut byte = [0u8; 1];
-                    if stream.read(&mut byte).await.ok() == Some(1) {
-                        drop(permit);
-                        let _ = proven_tx.send(stream);
-                    }
-                }
-            },
-        ));
-        let mut first = TcpStream::connect(addr).await.expect("connect");
-        let _second = TcpStream::connect(addr).await.expect("connect");
-        let mut third = TcpStream::connect(addr).await.expect("connect");
-        // The third is over the bound: closed by the server without a byte.
-        let mut buf = [0u8; 1];
-        let read = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buf)).await;
-        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
-        // The first proves itself; its slot goes to the next connection.
-        first.write_all(b"x").await.expect("write");
-        let _proven = proven_rx.recv().await.expect("routed");
-        let mut fourth = TcpStream::connect(addr).await.expect("connect");
-        fourth.write_all(b"y").await.expect("write");
-        let routed = tokio::time::timeout(Duration::from_secs(5), proven_rx.recv()).await;
-        assert!(matches!(routed, Ok(Some(_))), "the fourth got a slot");
     }
 }

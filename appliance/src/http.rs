@@ -75,7 +75,7 @@ impl HttpFace {
         self: Arc<Self>,
         io: IO,
         remote: SocketAddr,
-        permit: skerry_store::accept::HandshakeSlot,
+        permit: skerry_tls::accept::HandshakeSlot,
         mut stop: watch::Receiver<bool>,
     ) where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,

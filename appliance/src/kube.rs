@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use skerry_apiserver::auth::serviceaccount::{ISSUER_DEFAULT, TokenIssuer};
 use skerry_apiserver::auth::token::TokenFile;
 use skerry_apiserver::auth::{Authenticator, x509};
@@ -45,10 +43,13 @@ pub fn start(
         names.push(args.bind_address.to_string());
     }
     let pki = Pki::load_or_create(&pki_dir, &names).context("load the PKI")?;
-    let chain = CertificateDer::pem_slice_iter(pki.serving().cert_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
+    let chain = pki
+        .serving()
+        .cert_chain()
         .context("read the serving certificate")?;
-    let key = PrivateKeyDer::from_pem_slice(pki.serving().key_pem.as_bytes())
+    let key = pki
+        .serving()
+        .private_key()
         .context("read the serving key")?;
     let tls = x509::server_tls_config(pki.ca_cert_der().clone(), chain, key)
         .context("configure TLS for the Kubernetes API")?;

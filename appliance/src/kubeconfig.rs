@@ -76,7 +76,7 @@ impl Kubeconfig<'_> {
 
     /// Writes the kubeconfig to `path` atomically, mode 0600.
     pub fn write(&self, path: &Path) -> Result<()> {
-        write_atomic(path, self.to_yaml().as_bytes(), 0o600)
+        Ok(write_atomic(path, self.to_yaml().as_bytes(), 0o600)?)
     }
 }
 

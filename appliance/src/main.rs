@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-mod fdlimit;
 mod client_port;
+mod fdlimit;
 mod http;
 mod kube;
 mod kubeconfig;

@@ -10,11 +10,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use anyhow::{Context as _, Result, bail};
-use rustls::server::WebPkiClientVerifier;
-use rustls_pki_types::PrivateKeyDer;
-use rustls_pki_types::pem::PemObject;
-use skerry_raft::tls::{read_certs, read_roots};
+use anyhow::{Result, bail};
+use skerry_tls::config::{self, ClientAuth, ConfigError};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
@@ -23,8 +20,7 @@ use tokio_rustls::server::TlsStream;
 /// How long a client gets to finish its TLS handshake before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The acceptor for client connections: ALPN `http/1.1` (the HTTP face: `/health`,
-/// `/metrics`, the JSON gateway) and `h2` (gRPC).
+/// The client port's ALPN, in the server's order of preference.
 ///
 /// rustls picks the first of the server's protocols the client offers. gRPC clients offer
 /// `h2` alone (grpc-go, which etcdctl and the Kubernetes apiserver use, appends only `h2` to
@@ -32,35 +28,35 @@ pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// curl offers both and gets HTTP/1.1 and the HTTP face. etcd 3.4 serves both faces over
 /// either protocol behind TLS (`grpcHandlerFunc` in `embed/serve.go`); preferring
 /// `http/1.1` gives the same answers without a router in front of the gRPC path.
+pub const ALPN_PROTOCOLS: [&[u8]; 2] = [b"http/1.1", b"h2"];
+
+/// The acceptor for client connections (`skerry_tls`'s server builder): ALPN
+/// [`ALPN_PROTOCOLS`], and with `client_cert_auth` a client certificate signed by
+/// `trusted_ca` required.
 pub fn acceptor(
     cert: &Path,
     key: &Path,
     trusted_ca: Option<&Path>,
     client_cert_auth: bool,
 ) -> Result<TlsAcceptor> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let chain = read_certs(cert, "--cert-file")?;
-    let key = PrivateKeyDer::from_pem_file(key)
-        .with_context(|| format!("--key-file {}", key.display()))?;
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .context("client TLS")?;
-    let builder = if client_cert_auth {
+    let chain = config::read_certs(cert, "--cert-file")?;
+    let key = config::read_key(key, "--key-file")?;
+    let client_auth = if client_cert_auth {
         let Some(ca) = trusted_ca else {
             bail!("--client-cert-auth needs --trusted-ca-file");
         };
-        let roots = read_roots(ca, "--trusted-ca-file")?;
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()
-            .context("--trusted-ca-file")?;
-        builder.with_client_cert_verifier(verifier)
+        ClientAuth::Required(Arc::new(config::read_roots(ca, "--trusted-ca-file")?))
     } else {
-        builder.with_no_client_auth()
+        ClientAuth::Off
     };
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .context("--cert-file and --key-file do not make a usable pair")?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec(), b"h2".to_vec()];
+    let config =
+        config::server_config(chain, key, client_auth, &ALPN_PROTOCOLS).map_err(|e| match e {
+            ConfigError::Verifier(e) => anyhow::anyhow!("--trusted-ca-file: {e}"),
+            ConfigError::CertificateAndKey(e) => {
+                anyhow::anyhow!("--cert-file and --key-file do not make a usable pair: {e}")
+            }
+            e => anyhow::anyhow!("client TLS: {e}"),
+        })?;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 

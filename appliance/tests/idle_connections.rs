@@ -234,17 +234,10 @@ async fn idle_after_tls(
     count: usize,
     ca_pem: &[u8],
 ) -> tokio::task::JoinSet<Option<Duration>> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(ca_pem).expect("the cluster CA"))
-        .expect("trust the cluster CA");
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let ca = CertificateDer::from_pem_slice(ca_pem).expect("the cluster CA");
+    let roots = skerry_tls::config::roots([ca]).expect("trust the cluster CA");
+    let config = skerry_tls::config::client_config(Arc::new(roots), None, &[])
+        .expect("a client TLS configuration");
     let mut waits = tokio::task::JoinSet::new();
     for i in 0..count {
         let mut config = config.clone();

@@ -1,6 +1,6 @@
 //! The etcd API over TLS with the real etcdctl: `https://` client URLs with `--cert-file` and
 //! `--key-file`, and with `--client-cert-auth` a client certificate signed by
-//! `--trusted-ca-file` required. Certificates are made here with rcgen.
+//! `--trusted-ca-file` required. Certificates are made here with `skerry_tls::pki`.
 
 mod common;
 
@@ -8,29 +8,27 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::Server;
+use skerry_tls::pki::{Ca, LeafSpec, Names, Usage};
 
-fn write_cert(
-    dir: &Path,
-    name: &str,
-    params: rcgen::CertificateParams,
-    issuer: Option<&rcgen::Issuer<'_, rcgen::KeyPair>>,
-) -> (PathBuf, PathBuf, rcgen::KeyPair, rcgen::CertificateParams) {
-    let key = rcgen::KeyPair::generate().expect("key");
-    let cert = match issuer {
-        Some(issuer) => params.signed_by(&key, issuer).expect("sign"),
-        None => params.self_signed(&key).expect("self-sign"),
-    };
+/// Issues a leaf for `san` with `usage` from `ca` and writes it as `dir/{name}.crt` and
+/// `dir/{name}.key`; returns their paths.
+fn write_cert(dir: &Path, name: &str, ca: &Ca, san: &str, usage: Usage) -> (PathBuf, PathBuf) {
+    let leaf = ca
+        .issue(&LeafSpec::new(name, usage).names(Names::of([san])))
+        .expect("issue");
     let cert_path = dir.join(format!("{name}.crt"));
     let key_path = dir.join(format!("{name}.key"));
-    std::fs::write(&cert_path, cert.pem()).expect("write cert");
-    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
-    (cert_path, key_path, key, params)
+    leaf.write(&cert_path, &key_path).expect("write the pair");
+    (cert_path, key_path)
 }
 
-fn leaf(san: &str, usage: rcgen::ExtendedKeyUsagePurpose) -> rcgen::CertificateParams {
-    let mut params = rcgen::CertificateParams::new(vec![san.to_string()]).expect("params");
-    params.extended_key_usages = vec![usage];
-    params
+/// A CA with a name of its own (OpenSSL, so curl, takes a leaf whose issuer name equals its
+/// subject name for a self-signed certificate), written as `dir/ca.crt`.
+fn write_ca(dir: &Path) -> (PathBuf, Ca) {
+    let ca = Ca::generate("skerry test CA").expect("CA");
+    let path = dir.join("ca.crt");
+    std::fs::write(&path, ca.cert_pem()).expect("write ca");
+    (path, ca)
 }
 
 fn etcdctl(args: &[&str]) -> std::process::Output {
@@ -46,27 +44,9 @@ fn etcdctl(args: &[&str]) -> std::process::Output {
 fn etcdctl_speaks_tls_and_a_client_without_a_certificate_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = dir.path();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    // A name of its own: OpenSSL (curl) takes a leaf whose issuer name equals its subject
-    // name, rcgen's default for both, for a self-signed certificate.
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "skerry test CA");
-    let (ca, _, ca_key, ca_params) = write_cert(pki, "ca", ca_params, None);
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let (server_cert, server_key, ..) = write_cert(
-        pki,
-        "server",
-        leaf("127.0.0.1", rcgen::ExtendedKeyUsagePurpose::ServerAuth),
-        Some(&issuer),
-    );
-    let (client_cert, client_key, ..) = write_cert(
-        pki,
-        "client",
-        leaf("client", rcgen::ExtendedKeyUsagePurpose::ClientAuth),
-        Some(&issuer),
-    );
+    let (ca, issuer) = write_ca(pki);
+    let (server_cert, server_key) = write_cert(pki, "server", &issuer, "127.0.0.1", Usage::Server);
+    let (client_cert, client_key) = write_cert(pki, "client", &issuer, "client", Usage::Client);
     let arg = |p: &PathBuf| p.display().to_string();
     let (server_cert, server_key, ca, client_cert, client_key) = (
         arg(&server_cert),
@@ -196,19 +176,8 @@ fn tls_flags_without_https_urls_and_the_reverse_are_refused() {
 fn a_tls_client_that_says_nothing_after_its_handshake_is_closed_at_the_deadline() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = dir.path();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "skerry test CA");
-    let (ca, _, ca_key, ca_params) = write_cert(pki, "ca", ca_params, None);
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let (server_cert, server_key, ..) = write_cert(
-        pki,
-        "server",
-        leaf("127.0.0.1", rcgen::ExtendedKeyUsagePurpose::ServerAuth),
-        Some(&issuer),
-    );
+    let (ca, issuer) = write_ca(pki);
+    let (server_cert, server_key) = write_cert(pki, "server", &issuer, "127.0.0.1", Usage::Server);
     let arg = |p: &PathBuf| p.display().to_string();
     let server = Server::start_https(
         &dir.path().join("data"),

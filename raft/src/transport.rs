@@ -22,7 +22,7 @@
 //! The listener trusts nobody until the hello: a connection gets [`HELLO_TIMEOUT`] from accept
 //! to finish its TLS handshake and send its hello (a join query, which no hello
 //! authenticates, to be answered), and at most [`UNAUTHENTICATED_PEERS_MAX`] connections may
-//! be at that stage at once; one beyond is closed at accept (`skerry_store::accept`), so a
+//! be at that stage at once; one beyond is closed at accept (`skerry_tls::accept`), so a
 //! flood of idle connections neither holds tasks for good nor delays the peers already
 //! talking. Failed accepts (out of descriptors) back off from 5 ms to 1 s.
 
@@ -35,8 +35,8 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
-use skerry_store::accept::{AcceptBackoff, HandshakeGate, HandshakeSlot};
 use skerry_store::replication::MembershipChange;
+use skerry_tls::accept::{self, HandshakeGate, HandshakeSlot};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -465,10 +465,9 @@ async fn connect(addr: SocketAddr, tls: &Option<PeerTls>) -> Result<Box<dyn Peer
         Some(tls) => {
             // The peer's certificate must be valid for the IP its peer URL names.
             let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
-            let stream = tokio::time::timeout(HELLO_TIMEOUT, tls.connector.connect(name, stream))
+            let stream = accept::connect_tls(&tls.connector, name, stream, HELLO_TIMEOUT)
                 .await
-                .map_err(|_| format!("TLS handshake: no answer within {HELLO_TIMEOUT:?}"))?
-                .map_err(|e| format!("TLS handshake: {e}"))?;
+                .map_err(|e| e.to_string())?;
             Ok(Box::new(stream))
         }
     }
@@ -816,24 +815,23 @@ fn encode_outbound(out: Outbound, buf: &mut BytesMut) {
     buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
 }
 
+/// The peer port's accept loop; aborting its task closes every connection it accepted.
 async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
-    // Owned here so that stopping this task stops every connection it accepted.
-    let mut connections = tokio::task::JoinSet::new();
-    let mut backoff = AcceptBackoff::new("peer");
     let gate = HandshakeGate::new("peer", UNAUTHENTICATED_PEERS_MAX);
-    loop {
-        while connections.try_join_next().is_some() {}
-        let (stream, remote) = backoff.accept(|| listener.accept()).await;
-        // Over the cap the stream is dropped here: closed at once.
-        let Some(slot) = gate.admit() else { continue };
-        let _ = stream.set_nodelay(true);
-        let inner = inner.clone();
-        connections.spawn(async move {
-            if let Err(why) = serve_connection(stream, remote, slot, &inner).await {
-                debug!(%remote, why, "peer connection closed");
+    accept::serve(
+        listener,
+        gate,
+        std::future::pending(),
+        move |stream, remote, slot| {
+            let inner = inner.clone();
+            async move {
+                if let Err(why) = serve_connection(stream, remote, slot, &inner).await {
+                    debug!(%remote, why, "peer connection closed");
+                }
             }
-        });
-    }
+        },
+    )
+    .await
 }
 
 /// One accepted connection: the handshake and hello within [`HELLO_TIMEOUT`] while `slot`
@@ -878,11 +876,12 @@ async fn greet(
 ) -> Result<(Box<dyn PeerIo>, [u8; HELLO_BYTES]), String> {
     let mut stream: Box<dyn PeerIo> = match &inner.tls {
         None => Box::new(stream),
-        Some(tls) => match tls.acceptor.accept(stream).await {
+        // Bounded by the hello's deadline around this call too.
+        Some(tls) => match accept::accept_tls(&tls.acceptor, stream, HELLO_TIMEOUT).await {
             Ok(stream) => Box::new(stream),
             Err(e) => {
-                warn!(%remote, error = %e, "refused a peer: TLS handshake failed");
-                return Err(format!("TLS handshake: {e}"));
+                warn!(%remote, error = %e, "refused a peer");
+                return Err(e.to_string());
             }
         },
     };
@@ -1262,26 +1261,18 @@ mod tests {
     /// Writes a CA and a certificate it signs for 127.0.0.1 (server and client use) under
     /// `dir`; returns the member's TLS.
     fn peer_tls(dir: &Path) -> PeerTls {
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let ca_cert = ca.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::new(ca, ca_key);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
-        params.extended_key_usages = vec![
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let cert = params.signed_by(&key, &issuer).unwrap();
+        use skerry_tls::pki::{Ca, LeafSpec, Names, Usage};
+        let ca = Ca::generate("cluster CA").unwrap();
+        let member = ca
+            .issue(&LeafSpec::new("member", Usage::Both).names(Names::of(["127.0.0.1"])))
+            .unwrap();
         let files = crate::tls::PeerTlsFiles {
             cert: dir.join("member.crt"),
             key: dir.join("member.key"),
             trusted_ca: dir.join("ca.crt"),
         };
-        std::fs::write(&files.cert, cert.pem()).unwrap();
-        std::fs::write(&files.key, key.serialize_pem()).unwrap();
-        std::fs::write(&files.trusted_ca, ca_cert.pem()).unwrap();
+        member.write(&files.cert, &files.key).unwrap();
+        std::fs::write(&files.trusted_ca, ca.cert_pem()).unwrap();
         PeerTls::load(&files).unwrap()
     }
 

@@ -10,6 +10,7 @@ use skerry_raft::{ClusterConfig, ClusterState, RaftNode};
 use skerry_store::pb::etcdserverpb::{PutRequest, RangeRequest};
 use skerry_store::replication::{MembershipChange, Replicator};
 use skerry_store::{Store, StoreConfig, StoreError};
+use skerry_tls::pki::{Ca, LeafSpec, Names, Usage};
 
 /// Bound on every wait, so a bug fails the test instead of hanging it.
 const WAIT: Duration = Duration::from_secs(20);
@@ -423,37 +424,22 @@ async fn a_partitioned_leader_serves_no_stale_read_and_catches_up_when_healed() 
 
 /// Writes a CA-signed certificate for 127.0.0.1 (server and client use) and its key; returns
 /// their paths.
-fn member_cert(
-    dir: &Path,
-    name: &str,
-    issuer: &rcgen::Issuer<'_, rcgen::KeyPair>,
-) -> (PathBuf, PathBuf) {
-    let key = rcgen::KeyPair::generate().expect("key");
-    let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("params");
-    params.extended_key_usages = vec![
-        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-    ];
-    let cert = params.signed_by(&key, issuer).expect("sign");
+fn member_cert(dir: &Path, name: &str, ca: &Ca) -> (PathBuf, PathBuf) {
+    let member = ca
+        .issue(&LeafSpec::new(name, Usage::Both).names(Names::of(["127.0.0.1"])))
+        .expect("issue a member certificate");
     let cert_path = dir.join(format!("{name}.crt"));
     let key_path = dir.join(format!("{name}.key"));
-    std::fs::write(&cert_path, cert.pem()).expect("write cert");
-    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+    member.write(&cert_path, &key_path).expect("write the pair");
     (cert_path, key_path)
 }
 
-/// A CA: its certificate written to `dir/{name}.crt`, and the issuer that signs with it.
-fn ca(dir: &Path, name: &str) -> (PathBuf, rcgen::Issuer<'static, rcgen::KeyPair>) {
-    let key = rcgen::KeyPair::generate().expect("key");
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, format!("{name} CA"));
-    let cert = params.self_signed(&key).expect("self-sign");
+/// A CA: its certificate written to `dir/{name}.crt`, and the CA that signs with it.
+fn ca(dir: &Path, name: &str) -> (PathBuf, Ca) {
+    let ca = Ca::generate(&format!("{name} CA")).expect("CA");
     let path = dir.join(format!("{name}.crt"));
-    std::fs::write(&path, cert.pem()).expect("write ca");
-    (path, rcgen::Issuer::new(params, key))
+    std::fs::write(&path, ca.cert_pem()).expect("write ca");
+    (path, ca)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -462,15 +448,11 @@ async fn members_speak_mutual_tls_and_a_member_with_a_foreign_certificate_is_shu
     let pki = root.path().join("pki");
     std::fs::create_dir_all(&pki).expect("pki dir");
     let (cluster_ca, cluster_issuer) = ca(&pki, "cluster");
-    let (_, rogue_issuer) = ca(&pki, "rogue");
+    let (_, rogue_ca) = ca(&pki, "rogue");
     let mut members = cluster_with_scheme(root.path(), "https");
     for (i, m) in members.iter_mut().enumerate() {
         // The third member's certificate comes from another CA (it trusts the cluster's).
-        let issuer = if i == 2 {
-            &rogue_issuer
-        } else {
-            &cluster_issuer
-        };
+        let issuer = if i == 2 { &rogue_ca } else { &cluster_issuer };
         let (cert, key) = member_cert(&pki, &format!("m{i}"), issuer);
         m.config = m
             .config

@@ -17,8 +17,6 @@
 //!   memory, for the Raft layer's deterministic simulation.
 //! - [`grpc`]: the tonic services for KV, Watch, Lease, Maintenance and Cluster.
 //! - [`pb`]: the generated wire types.
-//! - [`accept`]: what every listener of `skerry server` puts around `accept`: backoff while
-//!   accepting fails, and the cap on connections still in their handshake.
 //!
 //! The store knows nothing of Raft: it applies an ordered stream of [`pb::command::Command`]s
 //! with the applied index stored in the same redb transaction, and keeps redb durable only at
@@ -29,7 +27,6 @@
 //! that the apiserver's compactor (#13, a CAS on a magic key) moves, and `count` on limited
 //! ranges that the apiserver's paged LIST (#8) depends on.
 
-pub mod accept;
 pub mod alarm;
 pub mod error;
 pub mod gosort;

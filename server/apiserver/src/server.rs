@@ -11,7 +11,7 @@
 //! headers, or the HTTP/2 preface and a HEADERS frame: hyper's version detection and h2's
 //! preface read have no timeout of their own) must arrive within [`READ_HEADER_TIMEOUT`], and
 //! at most [`UNAUTHENTICATED_CONNECTIONS_MAX`] connections may be at either stage at once (one
-//! beyond is closed at accept; `skerry_store::accept`). Later HTTP/1.1 requests get
+//! beyond is closed at accept; `skerry_tls::accept`). Later HTTP/1.1 requests get
 //! [`READ_HEADER_TIMEOUT`] for their headers from hyper. Failed accepts (out of descriptors)
 //! back off from 5 ms to 1 s.
 
@@ -21,7 +21,7 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use skerry_store::accept::{AcceptBackoff, HandshakeGate};
+use skerry_tls::accept::{self, HandshakeGate};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
@@ -98,36 +98,28 @@ pub async fn serve_with_limits(
     server: Arc<ApiServer>,
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     limits: ConnLimits,
 ) {
     let acceptor = TlsAcceptor::from(tls);
     let reads = Arc::new(Semaphore::new(REQUESTS_INFLIGHT_MAX));
     let writes = Arc::new(Semaphore::new(MUTATING_REQUESTS_INFLIGHT_MAX));
-    let mut backoff = AcceptBackoff::new("kubernetes-api");
     let gate = HandshakeGate::new("kubernetes-api", limits.unauthenticated_max);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = backoff.accept(|| listener.accept()) => accepted,
-            _ = shutdown.changed() => return,
-        };
-        // Over the cap the connection is dropped here: closed at once.
-        let Some(slot) = gate.admit() else { continue };
-        let _ = tcp.set_nodelay(true);
+    let mut stop = shutdown.clone();
+    let stop = async move {
+        let _ = stop.changed().await;
+    };
+    accept::serve(listener, gate, stop, move |tcp, peer, slot| {
         let acceptor = acceptor.clone();
         let server = server.clone();
         let reads = reads.clone();
         let writes = writes.clone();
         let mut conn_shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(limits.tls_handshake, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "no TLS handshake within {:?}", limits.tls_handshake);
+        async move {
+            let tls = match accept::accept_tls(&acceptor, tcp, limits.tls_handshake).await {
+                Ok(tls) => tls,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "no connection");
                     return;
                 }
             };
@@ -207,6 +199,7 @@ pub async fn serve_with_limits(
                     }
                 }
             }
-        });
-    }
+        }
+    })
+    .await
 }

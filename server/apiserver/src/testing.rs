@@ -5,7 +5,8 @@
 //! the `kubernetes` Service), starts [`ApiServer`] on it and serves it with the apiserver's own
 //! [`crate::server::serve`] over TLS on `127.0.0.1:0`, HTTP/1.1 and HTTP/2 by ALPN — the same
 //! path every request of the real binary takes (authentication, RBAC, admission, the watch
-//! cache). The certificates are throwaway: a fresh CA per server, a serving certificate for
+//! cache). The certificates are throwaway, issued by `skerry_tls::pki` as `skerry server`'s
+//! are: a fresh CA per server, a serving certificate for
 //! `127.0.0.1` and `localhost`, and an admin client certificate (`CN=kubernetes-admin`,
 //! `O=system:masters`) as kubeadm's admin kubeconfig carries. [`TestServer::issue_client_cert`]
 //! signs more users; [`TestServer::admin_token`] is a bearer token of a `system:masters` user.
@@ -22,13 +23,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow};
 use rand::Rng;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, SanType,
-};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use skerry_store::{Store, StoreConfig};
+use skerry_tls::pki::{Ca, Names};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -48,67 +44,12 @@ pub const TOKEN_USER: &str = "test-token-admin";
 /// printable as 32 hex digits (a token file is CSV, so it must hold no comma or quote).
 const TOKEN_BYTES: usize = 16;
 
-/// A CA that signs this server's certificates.
-struct TestCa {
-    issuer: Issuer<'static, KeyPair>,
-    pem: String,
-    der: CertificateDer<'static>,
-}
-
-impl TestCa {
-    fn generate() -> Result<TestCa> {
-        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).context("generate CA key")?;
-        let mut params = CertificateParams::default();
-        params.distinguished_name = DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "skerry-test-ca");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let cert = params.self_signed(&key).context("self-sign the CA")?;
-        Ok(TestCa {
-            pem: cert.pem(),
-            der: cert.der().clone(),
-            issuer: Issuer::new(params, key),
-        })
-    }
-
-    /// Signs `params` for a fresh P-256 key; returns (certificate PEM, key PEM).
-    fn sign(&self, params: CertificateParams) -> Result<(String, String)> {
-        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).context("generate a leaf key")?;
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .context("sign a leaf")?;
-        Ok((cert.pem(), key.serialize_pem()))
-    }
-
-    /// A client certificate for `user` in `groups` (CN is the user, each O a group, as
-    /// Kubernetes' x509 authenticator reads them).
-    fn client_cert(&self, user: &str, groups: &[&str]) -> Result<(String, String)> {
-        let mut params = CertificateParams::default();
-        params.distinguished_name = DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, user);
-        for group in groups {
-            params
-                .distinguished_name
-                .push(DnType::OrganizationName, *group);
-        }
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        self.sign(params)
-            .with_context(|| format!("issue a client certificate for {user}"))
-    }
-}
-
 /// A running apiserver over its own store, and the admin's ways in.
 pub struct TestServer {
     api: Arc<ApiServer>,
     store: Store,
     addr: SocketAddr,
-    ca: TestCa,
+    ca: Ca,
     admin_cert_pem: String,
     admin_key_pem: String,
     admin_token: String,
@@ -127,28 +68,20 @@ impl TestServer {
     pub async fn start() -> Result<TestServer> {
         let dir = tempfile::tempdir().context("create the store's temp dir")?;
         let store = Store::open(StoreConfig::new(dir.path())).context("open the store")?;
-        let ca = TestCa::generate()?;
-
-        let mut serving = CertificateParams::new(vec!["localhost".to_string()])
-            .context("serving certificate names")?;
-        serving
-            .distinguished_name
-            .push(DnType::CommonName, "kube-apiserver");
-        serving
-            .subject_alt_names
-            .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
-        serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let (serving_pem, serving_key_pem) =
-            ca.sign(serving).context("issue the serving certificate")?;
-        let (admin_cert_pem, admin_key_pem) = ca.client_cert(ADMIN_USER, &[GROUP_MASTERS])?;
-
-        let chain = CertificateDer::pem_slice_iter(serving_pem.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .context("read the serving certificate")?;
-        let key = PrivateKeyDer::from_pem_slice(serving_key_pem.as_bytes())
-            .context("read the serving key")?;
-        let tls = x509::server_tls_config(ca.der.clone(), chain, key)
-            .context("build the server TLS configuration")?;
+        let ca = Ca::generate("skerry-test-ca").context("generate the test CA")?;
+        let serving = ca
+            .serving_cert("kube-apiserver", &Names::of(["localhost", "127.0.0.1"]))
+            .context("issue the serving certificate")?;
+        let admin = ca
+            .client_cert(ADMIN_USER, &[GROUP_MASTERS])
+            .context("issue the admin certificate")?;
+        let (admin_cert_pem, admin_key_pem) = (admin.cert_pem, admin.key_pem);
+        let tls = x509::server_tls_config(
+            ca.cert_der().clone(),
+            serving.cert_chain()?,
+            serving.private_key()?,
+        )
+        .context("build the server TLS configuration")?;
 
         let mut token_bytes = [0u8; TOKEN_BYTES];
         rand::rng().fill(&mut token_bytes[..]);
@@ -216,7 +149,7 @@ impl TestServer {
     /// The cluster CA certificate, PEM (what a kubeconfig's `certificate-authority-data`
     /// holds).
     pub fn ca_pem(&self) -> &str {
-        &self.ca.pem
+        self.ca.cert_pem()
     }
 
     /// The admin client certificate (`CN=kubernetes-admin, O=system:masters`), PEM.
@@ -236,8 +169,13 @@ impl TestServer {
 
     /// A client certificate and key (PEM) for `user` in `groups`, signed by this server's
     /// CA: RBAC then decides what it may do.
+    /// At most [`skerry_tls::pki::GROUPS_MAX`] groups.
     pub fn issue_client_cert(&self, user: &str, groups: &[&str]) -> Result<(String, String)> {
-        self.ca.client_cert(user, groups)
+        let cert = self
+            .ca
+            .client_cert(user, groups)
+            .with_context(|| format!("issue a client certificate for {user}"))?;
+        Ok((cert.cert_pem, cert.key_pem))
     }
 
     /// The store under the server (compact it, or write to it, behind the API's back).
@@ -274,7 +212,7 @@ impl TestServer {
                  cluster: skerry-test\n    \
                  user: {ADMIN_USER}\n\
              current-context: skerry-test\n",
-            ca = data(&self.ca.pem),
+            ca = data(self.ca.cert_pem()),
             server = self.url(),
             cert = data(&self.admin_cert_pem),
             key = data(&self.admin_key_pem),
@@ -294,22 +232,23 @@ mod tests {
         assert!(server.ca_pem().contains("BEGIN CERTIFICATE"));
         assert!(server.admin_key_pem().contains("PRIVATE KEY"));
         // A bare TLS handshake with the admin certificate succeeds and negotiates h2.
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(CertificateDer::from_pem_slice(server.ca_pem().as_bytes()).unwrap())
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let roots =
+            skerry_tls::config::roots([
+                CertificateDer::from_pem_slice(server.ca_pem().as_bytes()).unwrap()
+            ])
             .unwrap();
         let chain = CertificateDer::pem_slice_iter(server.admin_cert_pem().as_bytes())
             .collect::<Result<Vec<_>, _>>()
             .unwrap();
         let key = PrivateKeyDer::from_pem_slice(server.admin_key_pem().as_bytes()).unwrap();
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_client_auth_cert(chain, key)
-            .unwrap();
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let config = skerry_tls::config::client_config(
+            Arc::new(roots),
+            Some((chain, key)),
+            &[b"h2", b"http/1.1"],
+        )
+        .unwrap();
         let tcp = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
         let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
             .connect("127.0.0.1".try_into().unwrap(), tcp)
@@ -320,5 +259,11 @@ mod tests {
         assert!(server.api().caches.contains_key("namespaces"));
         let (cert, key) = server.issue_client_cert("alice", &["devs", "qa"]).unwrap();
         assert!(cert.contains("BEGIN CERTIFICATE") && key.contains("PRIVATE KEY"));
+        let alice = skerry_tls::pki::inspect_pem(&cert).unwrap();
+        assert_eq!(
+            alice.organizations,
+            ["devs", "qa"],
+            "both groups are carried"
+        );
     }
 }

@@ -10,13 +10,10 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
-};
-use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use rustls_pki_types::ServerName;
 use skerry_apiserver::auth::x509;
 use skerry_apiserver::server::{ConnLimits, serve_with_limits};
+use skerry_tls::pki::{Ca, Names};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -46,25 +43,16 @@ struct Fixture {
 
 async fn fixture() -> Fixture {
     let server = common::start().await;
-    let ca_key = KeyPair::generate().expect("CA key");
-    let mut ca = CertificateParams::default();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign];
-    let ca_der = ca.self_signed(&ca_key).expect("CA").der().clone();
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().expect("serving key");
-    let mut serving = CertificateParams::new(vec!["localhost".to_string()]).expect("params");
-    serving
-        .subject_alt_names
-        .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
-    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let cert = serving
-        .signed_by(&key, &issuer)
-        .expect("sign")
-        .der()
-        .clone();
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
-    let tls = x509::server_tls_config(ca_der.clone(), vec![cert], key).expect("server TLS");
+    let ca = Ca::generate("listener test CA").expect("CA");
+    let serving = ca
+        .serving_cert("kube-apiserver", &Names::of(["localhost", "127.0.0.1"]))
+        .expect("serving certificate");
+    let tls = x509::server_tls_config(
+        ca.cert_der().clone(),
+        serving.cert_chain().expect("chain"),
+        serving.private_key().expect("key"),
+    )
+    .expect("server TLS");
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -79,15 +67,8 @@ async fn fixture() -> Fixture {
         LIMITS,
     ));
 
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca_der).expect("root");
-    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let client = skerry_tls::config::client_config(Arc::new(ca.roots().expect("roots")), None, &[])
+        .expect("client TLS");
     Fixture {
         addr,
         client,

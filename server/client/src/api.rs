@@ -41,8 +41,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, Status};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::ServerName;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -1507,120 +1506,49 @@ fn read_varint(input: &[u8]) -> Option<(u64, &[u8])> {
 // ---------------------------------------------------------------------------------------
 // Transport: TLS configuration and the connector.
 
-/// The rustls configuration of `config`: its CA as the only root (or no verification when
-/// `insecure`), its client certificate if any, ALPN `h2` then `http/1.1`.
+/// The rustls configuration of `config` (`skerry_tls`'s client builders): its CA as the only
+/// root (or no verification when `insecure`), its client certificate if any, ALPN `h2` then
+/// `http/1.1`.
 fn tls_config(config: &Config) -> Result<rustls::ClientConfig, Error> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Config(format!("TLS protocol versions: {e}")))?;
-    let builder = if config.insecure {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(insecure::AcceptAnyServerCert { provider }))
-    } else {
-        let ca_pem = config.ca_pem.as_deref().ok_or_else(|| {
-            Error::Config(
-                "an https server needs a CA certificate (certificate-authority-data) or insecure-skip-tls-verify"
-                    .to_string(),
-            )
-        })?;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-            let cert = cert.map_err(|e| Error::Config(format!("CA certificate PEM: {e}")))?;
-            roots
-                .add(cert)
-                .map_err(|e| Error::Config(format!("CA certificate: {e}")))?;
-        }
-        if roots.is_empty() {
-            return Err(Error::Config("the CA PEM holds no certificate".to_string()));
-        }
-        builder.with_root_certificates(roots)
+    use skerry_tls::config::{self as tls, ConfigError};
+    let refused = |e: ConfigError| {
+        Error::Config(match e {
+            ConfigError::TrustAnchor(e) => format!("CA certificate: {e}"),
+            ConfigError::CertificateAndKey(e) => format!("client certificate and key: {e}"),
+            e => e.to_string(),
+        })
     };
-    let mut tls = match &config.credentials {
+    let identity = match &config.credentials {
         Credentials::ClientCert { cert_pem, key_pem } => {
-            let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
-                .collect::<Result<Vec<_>, _>>()
+            let chain = tls::certs_from_pem(cert_pem.as_bytes())
                 .map_err(|e| Error::Config(format!("client certificate PEM: {e}")))?;
             if chain.is_empty() {
                 return Err(Error::Config(
                     "the client certificate PEM holds no certificate".to_string(),
                 ));
             }
-            let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+            let key = tls::key_from_pem(key_pem.as_bytes())
                 .map_err(|e| Error::Config(format!("client key PEM: {e}")))?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| Error::Config(format!("client certificate and key: {e}")))?
+            Some((chain, key))
         }
-        _ => builder.with_no_client_auth(),
+        _ => None,
     };
-    tls.alpn_protocols = ALPN_PROTOCOLS.iter().map(|p| p.to_vec()).collect();
-    Ok(tls)
-}
-
-/// `insecure-skip-tls-verify`: accept any server certificate (the handshake signatures are
-/// still checked, so the peer holds the key of the certificate it showed — it is just not
-/// known to be the apiserver).
-mod insecure {
-    use std::sync::Arc;
-
-    use rustls::DigitallySignedStruct;
-    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-    use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
-    use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
-
-    #[derive(Debug)]
-    pub(super) struct AcceptAnyServerCert {
-        pub(super) provider: Arc<CryptoProvider>,
+    if config.insecure {
+        return tls::insecure_client_config(identity, &ALPN_PROTOCOLS).map_err(refused);
     }
-
-    impl ServerCertVerifier for AcceptAnyServerCert {
-        fn verify_server_cert(
-            &self,
-            _end_entity: &CertificateDer<'_>,
-            _intermediates: &[CertificateDer<'_>],
-            _server_name: &ServerName<'_>,
-            _ocsp_response: &[u8],
-            _now: UnixTime,
-        ) -> Result<ServerCertVerified, rustls::Error> {
-            Ok(ServerCertVerified::assertion())
-        }
-
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            verify_tls12_signature(
-                message,
-                cert,
-                dss,
-                &self.provider.signature_verification_algorithms,
-            )
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            verify_tls13_signature(
-                message,
-                cert,
-                dss,
-                &self.provider.signature_verification_algorithms,
-            )
-        }
-
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            self.provider
-                .signature_verification_algorithms
-                .supported_schemes()
-        }
+    let ca_pem = config.ca_pem.as_deref().ok_or_else(|| {
+        Error::Config(
+            "an https server needs a CA certificate (certificate-authority-data) or insecure-skip-tls-verify"
+                .to_string(),
+        )
+    })?;
+    let cas = tls::certs_from_pem(ca_pem.as_bytes())
+        .map_err(|e| Error::Config(format!("CA certificate PEM: {e}")))?;
+    if cas.is_empty() {
+        return Err(Error::Config("the CA PEM holds no certificate".to_string()));
     }
+    let roots = tls::roots(cas).map_err(refused)?;
+    tls::client_config(Arc::new(roots), identity, &ALPN_PROTOCOLS).map_err(refused)
 }
 
 /// Opens connections for hyper's pool: TCP, then TLS with the configured server name.

@@ -4,7 +4,7 @@
 //!
 //! # Layout
 //! - [`fixture`]: the ~2 KiB pod, the [`fixture::Harness`] (store, apiserver, TLS listener).
-//! - [`pki`]: throwaway CA, serving and `system:masters` admin certificates (rcgen).
+//! - [`pki`]: throwaway CA, serving and `system:masters` admin certificates (`skerry_tls::pki`).
 //! - [`fanout`]: the fan-out's shared analysis and its in-process level (`WatchCache::watch`
 //!   streams, one task each, writes straight to the store).
 //! - [`http`]: the end-to-end level: HTTP/2 + TLS watches multiplexed over a bounded number of

@@ -1,8 +1,8 @@
 //! Client certificates: the apiserver's rustls configuration and the user a verified client
 //! certificate names.
 //!
-//! The server asks every client for a certificate but does not require one (rustls
-//! `WebPkiClientVerifier` with `allow_unauthenticated`), so token and anonymous requests still
+//! The server asks every client for a certificate but does not require one
+//! (`skerry_tls::config::ClientAuth::Optional`), so token and anonymous requests still
 //! connect; a certificate that is sent must chain to the cluster CA and carry the clientAuth
 //! extended key usage, or the handshake fails. After the handshake the leaf names the user as in
 //! Kubernetes' x509 authenticator: the subject's CommonName is the user name (the last CN, as Go's
@@ -13,30 +13,14 @@
 
 use std::sync::Arc;
 
-use rustls::RootCertStore;
-use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use skerry_tls::config::{ClientAuth, ConfigError};
 
 use super::UserInfo;
 
 /// ALPN protocols offered, in preference order: HTTP/2 first (kubectl and client-go speak it),
 /// then HTTP/1.1 (curl without `--http2`, WebSocket upgrades for `exec`).
 pub const ALPN_PROTOCOLS: [&[u8]; 2] = [b"h2", b"http/1.1"];
-
-/// Why a TLS server configuration cannot be built.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TlsConfigError {
-    /// The CA certificate is not usable as a trust anchor.
-    #[error("cluster CA certificate: {0}")]
-    CaCertificate(#[source] rustls::Error),
-    /// The client verifier could not be built from the CA.
-    #[error("client certificate verifier: {0}")]
-    Verifier(#[source] rustls::server::VerifierBuilderError),
-    /// rustls refused the protocol versions or the certificate and key pair.
-    #[error("serving certificate and key: {0}")]
-    ServingCertificate(#[source] rustls::Error),
-}
 
 /// Why a verified client certificate yields no user.
 #[derive(Debug, thiserror::Error)]
@@ -54,28 +38,21 @@ pub enum CertificateUserError {
     },
 }
 
-/// The rustls configuration of the apiserver: the serving chain and key, ALPN `h2` and
-/// `http/1.1`, and client certificates verified against `ca` when a client sends one.
+/// The rustls configuration of the apiserver (`skerry_tls`'s server builder): the serving
+/// chain and key, ALPN `h2` and `http/1.1`, and client certificates verified against `ca`
+/// when a client sends one.
 pub fn server_tls_config(
     ca: CertificateDer<'static>,
     cert_chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
-) -> Result<rustls::ServerConfig, TlsConfigError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = RootCertStore::empty();
-    roots.add(ca).map_err(TlsConfigError::CaCertificate)?;
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .allow_unauthenticated()
-        .build()
-        .map_err(TlsConfigError::Verifier)?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(TlsConfigError::ServingCertificate)?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(cert_chain, key)
-        .map_err(TlsConfigError::ServingCertificate)?;
-    config.alpn_protocols = ALPN_PROTOCOLS.iter().map(|p| p.to_vec()).collect();
-    Ok(config)
+) -> Result<rustls::ServerConfig, ConfigError> {
+    let roots = skerry_tls::config::roots([ca])?;
+    skerry_tls::config::server_config(
+        cert_chain,
+        key,
+        ClientAuth::Optional(Arc::new(roots)),
+        &ALPN_PROTOCOLS,
+    )
 }
 
 /// The user named by a verified client chain (leaf first): `None` when the client sent no
@@ -114,93 +91,45 @@ pub fn user_from_peer_certs(
 mod tests {
     use super::*;
     use crate::auth::GROUP_AUTHENTICATED;
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-    use rustls_pki_types::PrivatePkcs8KeyDer;
-
-    struct Ca {
-        issuer: Issuer<'static, KeyPair>,
-        cert: CertificateDer<'static>,
-    }
+    use skerry_tls::pki::{Ca, CertifiedKey, LeafSpec, Names, Usage};
 
     fn ca(name: &str) -> Ca {
-        let mut params = CertificateParams::default();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = KeyPair::generate().expect("key");
-        let cert = params.self_signed(&key).expect("ca cert").der().clone();
-        Ca {
-            issuer: Issuer::new(params, key),
-            cert,
-        }
+        Ca::generate(name).expect("CA")
     }
 
-    fn leaf(
-        ca: &Ca,
-        cn: Option<&str>,
-        orgs: &[&str],
-        usage: ExtendedKeyUsagePurpose,
-    ) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
-        let mut params = CertificateParams::new(vec!["localhost".to_string()]).expect("params");
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        if let Some(cn) = cn {
-            params.distinguished_name.push(DnType::CommonName, cn);
-        }
-        // rcgen keeps one value per attribute type; a second O goes in under its OID
-        // (2.5.4.10) spelled as a custom type, so the parser sees two O attributes.
-        for (index, org) in orgs.iter().enumerate() {
-            let kind = match index {
-                0 => DnType::OrganizationName,
-                1 => DnType::CustomDnType(vec![2, 5, 4, 10]),
-                _ => panic!("the test helper makes at most two O attributes"),
-            };
-            params.distinguished_name.push(kind, *org);
-        }
-        params.extended_key_usages = vec![usage];
-        let key = KeyPair::generate().expect("key");
-        let cert = params
-            .signed_by(&key, &ca.issuer)
-            .expect("sign")
-            .der()
-            .clone();
-        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
-        (cert, key)
+    fn leaf(ca: &Ca, cn: Option<&str>, orgs: &[&str], usage: Usage) -> CertifiedKey {
+        let spec = LeafSpec::new(cn.unwrap_or(""), usage)
+            .organizations(orgs)
+            .names(Names::of(["localhost"]));
+        ca.issue(&spec).expect("issue")
+    }
+
+    fn der(pair: &CertifiedKey) -> CertificateDer<'static> {
+        pair.cert_chain().expect("chain").remove(0)
     }
 
     /// Runs a TLS handshake in memory; returns the server's view of the client chain.
     fn handshake(
         cluster: &Ca,
         client_ca: &Ca,
-        client_cert: Option<(CertificateDer<'static>, PrivateKeyDer<'static>)>,
+        client_cert: Option<CertifiedKey>,
     ) -> Result<Vec<CertificateDer<'static>>, rustls::Error> {
-        let (serving_cert, serving_key) = leaf(
-            cluster,
-            Some("apiserver"),
-            &[],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        let server_config =
-            server_tls_config(cluster.cert.clone(), vec![serving_cert], serving_key)
-                .expect("server config");
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = RootCertStore::empty();
-        roots.add(cluster.cert.clone()).expect("root");
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(roots);
-        let client_config = match client_cert {
-            Some((cert, key)) => builder
-                .with_client_auth_cert(vec![cert, client_ca.cert.clone()], key)
-                .expect("client cert"),
-            None => builder.with_no_client_auth(),
-        };
+        let serving = leaf(cluster, Some("apiserver"), &[], Usage::Server);
+        let server_config = server_tls_config(
+            cluster.cert_der().clone(),
+            serving.cert_chain().expect("chain"),
+            serving.private_key().expect("key"),
+        )
+        .expect("server config");
+        let identity = client_cert.map(|pair| {
+            (
+                vec![der(&pair), client_ca.cert_der().clone()],
+                pair.private_key().expect("key"),
+            )
+        });
+        let roots = Arc::new(cluster.roots().expect("roots"));
+        let client_config =
+            skerry_tls::config::client_config(roots, identity, &[]).expect("client config");
         let mut server = rustls::ServerConnection::new(Arc::new(server_config)).expect("server");
         let mut client = rustls::ClientConnection::new(
             Arc::new(client_config),
@@ -239,7 +168,7 @@ mod tests {
             &cluster,
             Some("jane"),
             &["dev", "system:masters"],
-            ExtendedKeyUsagePurpose::ClientAuth,
+            Usage::Client,
         );
         let chain = handshake(&cluster, &cluster, Some(client)).expect("handshake");
         let user = user_from_peer_certs(&chain)
@@ -262,12 +191,7 @@ mod tests {
     fn cert_from_another_ca_is_refused() {
         let cluster = ca("skerry-ca");
         let other = ca("evil-ca");
-        let client = leaf(
-            &other,
-            Some("admin"),
-            &["system:masters"],
-            ExtendedKeyUsagePurpose::ClientAuth,
-        );
+        let client = leaf(&other, Some("admin"), &["system:masters"], Usage::Client);
         let err = handshake(&cluster, &other, Some(client)).expect_err("must fail");
         assert!(
             matches!(err, rustls::Error::InvalidCertificate(_)),
@@ -279,24 +203,14 @@ mod tests {
     fn server_cert_used_as_client_cert_is_refused() {
         // Kubernetes requires the clientAuth usage; webpki enforces it.
         let cluster = ca("skerry-ca");
-        let client = leaf(
-            &cluster,
-            Some("jane"),
-            &[],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
+        let client = leaf(&cluster, Some("jane"), &[], Usage::Server);
         assert!(handshake(&cluster, &cluster, Some(client)).is_err());
     }
 
     #[test]
     fn cert_without_cn_names_nobody() {
         let cluster = ca("skerry-ca");
-        let (cert, _) = leaf(
-            &cluster,
-            None,
-            &["dev"],
-            ExtendedKeyUsagePurpose::ClientAuth,
-        );
+        let cert = der(&leaf(&cluster, None, &["dev"], Usage::Client));
         assert_eq!(user_from_peer_certs(&[cert]).expect("parse"), None);
         assert!(user_from_peer_certs(&[CertificateDer::from(vec![1, 2, 3])]).is_err());
     }
@@ -304,13 +218,13 @@ mod tests {
     #[test]
     fn alpn_offers_h2_then_http11() {
         let cluster = ca("skerry-ca");
-        let (cert, key) = leaf(
-            &cluster,
-            Some("apiserver"),
-            &[],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        let config = server_tls_config(cluster.cert.clone(), vec![cert], key).expect("config");
+        let serving = leaf(&cluster, Some("apiserver"), &[], Usage::Server);
+        let config = server_tls_config(
+            cluster.cert_der().clone(),
+            serving.cert_chain().expect("chain"),
+            serving.private_key().expect("key"),
+        )
+        .expect("config");
         assert_eq!(
             config.alpn_protocols,
             vec![b"h2".to_vec(), b"http/1.1".to_vec()]
