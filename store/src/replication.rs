@@ -10,9 +10,9 @@
 
 use tokio::sync::oneshot;
 
+use crate::apply::CommandResult;
 use crate::error::StoreError;
 use crate::pb::command::Command;
-use crate::store::CommandResult;
 
 /// Where a command's result goes once it is applied on this member.
 pub type Reply = oneshot::Sender<Result<CommandResult, StoreError>>;

@@ -3,7 +3,7 @@
 //! virtual clock, and each must replay exactly from its seed.
 //!
 //! A [`SyncStore`] applies committed entries with the same code as [`crate::Store`]'s writer
-//! (`store::apply_commands` over `mvcc::Apply`), reads with the same `mvcc::range` and
+//! (`apply::apply_commands` over `mvcc::Apply`), reads with the same `mvcc::range` and
 //! history reader, compacts with the same bounded steps, and writes and installs the same
 //! snapshot stream ([`crate::snapshot`]), over redb's in-memory backend. It starts no
 //! thread, opens no file, and takes ids from its caller rather than from a random source:
@@ -44,16 +44,17 @@ use bytes::Bytes;
 use redb::backends::InMemoryBackend;
 use redb::{Database, Durability, ReadableDatabase};
 
+use crate::apply::{
+    ApplyCursor, CommandResult, apply_commands, check_entry_order, compaction_step, stage_install,
+};
 use crate::error::StoreError;
 use crate::mvcc::{self, KV, Mvcc};
 use crate::pb::command::{Command, Member};
 use crate::pb::etcdserverpb::{AlarmMember, RangeRequest, RangeResponse, ResponseHeader};
 use crate::pb::mvccpb::Event;
 use crate::quota::QuotaCheck;
-use crate::store::{
-    ApplyCursor, CommandResult, State, apply_commands, check_entry_order, compaction_step, load,
-    pin, raft_record, read_history, read_installed_snapshot, read_members, stage_install,
-};
+use crate::read::{pin, raft_record, read_history, read_installed_snapshot, read_members};
+use crate::state::{State, load};
 
 /// redb durability of the commits that apply entries (installs are durable, as in the real
 /// store). The simulated durability is the image (see the module docs), not this, so the
@@ -292,7 +293,7 @@ impl SyncStore {
     /// current one), and the compaction floor.
     pub fn hash_kv(&self, revision: i64) -> Result<(u32, i64), StoreError> {
         self.check_usable()?;
-        crate::store::hash_kv(&self.db.begin_read()?, &self.mvcc, revision)
+        crate::read::hash_kv(&self.db.begin_read()?, &self.mvcc, revision)
     }
 
     /// The cluster's members as the log recorded them, sorted by id.
