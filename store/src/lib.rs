@@ -20,6 +20,9 @@
 //! - [`snapshot`]: snapshot stream format, restore, and install into a cluster member.
 //! - [`sync_store`]: the same state machine without threads, files or clocks, over redb in
 //!   memory, for the Raft layer's deterministic simulation.
+//! - [`replication`]: the seam with a replicated log: [`replication::Replicator`] (what the
+//!   log offers the store) and [`replication::StateMachine`] (what the log drives: [`Store`]
+//!   in production, [`sync_store::SyncStore`] in the simulation).
 //! - [`grpc`]: the tonic services for KV, Watch, Lease, Maintenance and Cluster.
 //! - [`pb`]: the generated wire types.
 //! - [`accept`]: what every listener of `skerry server` puts around `accept`: backoff while
@@ -28,7 +31,7 @@
 //! The store knows nothing of Raft: it applies an ordered stream of [`pb::command::Command`]s
 //! with the applied index stored in the same redb transaction, and keeps redb durable only at
 //! checkpoints because a log (its own write-ahead log, or the Raft log of a cluster member)
-//! holds the rest.
+//! holds the rest. The Raft layer drives it through [`replication::StateMachine`].
 //!
 //! The store side of two tricks of `docs/tricks.md` lives here: the compacted-revision floor
 //! that the apiserver's compactor (#13, a CAS on a magic key) moves, and `count` on limited

@@ -9,7 +9,8 @@
 //!   attributes): the quota and request checks, then the proposal to the writer, or to the
 //!   replicated log.
 //! - `replicated.rs`: the store driven by a replicated log: committed entries in, snapshots
-//!   pinned and installed, read indexes, leadership, membership.
+//!   pinned and installed, read indexes, leadership, membership; the
+//!   [`crate::replication::StateMachine`] the Raft layer drives.
 //! - `writer.rs`: the writer thread and its queue.
 //! - `background.rs`: the other threads: the watch syncer, the lessor's expiry loop and the
 //!   checkpoint ticker.

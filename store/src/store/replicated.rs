@@ -1,12 +1,12 @@
 //! The store driven by a replicated log (the Raft layer in `skerry-raft`; see
-//! [`crate::replication`]), and what the store asks of the log.
+//! [`crate::replication`]): the [`StateMachine`] it drives, and what the store asks of the log.
 //!
 //! - Committed entries come in through [`Store::apply_committed`] and go to the writer's
 //!   queue in index order, behind any snapshot install handed over before them.
 //! - A member too far behind is sent a [`crate::PinnedSnapshot`]; one received is installed
 //!   by the writer ([`Store::install_snapshot`]).
 //! - Linearizable reads wait for a read index; membership changes and leadership transfers
-//!   go to the log; the log tells the store who leads ([`Store::set_leadership`]).
+//!   go to the log; the log tells the store who leads ([`StateMachine::set_leadership`]).
 //!
 //! A single store answers the same questions for itself: it leads, it is its only member, and
 //! its log index is its applied index.
@@ -30,7 +30,7 @@ use crate::error::StoreError;
 use crate::mvcc::RAFT_CONF_STATE;
 use crate::pb::command::Member;
 use crate::read::{PinnedSnapshot, pin, raft_record, read_installed_snapshot, read_members};
-use crate::replication::{Committed, Replicator};
+use crate::replication::{Committed, Proposer, Replicator, StateMachine};
 
 impl Store {
     /// Connects a replicated store to its log. Once only; later calls are ignored.
@@ -231,14 +231,54 @@ impl Store {
         }
     }
 
-    /// A renewal a follower passed on: moves the deadline here, where expiry is decided.
-    pub fn lease_renewed_elsewhere(&self, id: i64) {
-        let _ = self.shared.mvcc.lessor.lock().keep_alive(id);
+    /// Whether this member decides lease expiry (see [`StateMachine::set_leadership`]).
+    pub fn is_lease_authority(&self) -> bool {
+        self.shared.lease_authority.load(Ordering::Acquire)
+    }
+}
+
+/// The store as the Raft layer drives it. Most methods are [`Store`]'s own public ones (the
+/// store's tests call them too); `set_leadership` and `lease_renewed_elsewhere` are only here,
+/// as only the log calls them.
+impl StateMachine for Store {
+    /// The file the transport wrote the leader's snapshot stream to.
+    type SnapshotSource = Path;
+
+    fn applied_index(&self) -> u64 {
+        Store::applied_index(self)
     }
 
-    /// Tells a replicated store whether this member leads, and the term. Only the leader
-    /// proposes lease revocations; on becoming leader every lease gets its full TTL.
-    pub fn set_leadership(&self, leader: bool, term: u64) {
+    fn durable_applied_index(&self) -> u64 {
+        Store::durable_applied_index(self)
+    }
+
+    fn installed_snapshot(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        Store::installed_snapshot(self)
+    }
+
+    fn conf_state(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        Store::conf_state(self)
+    }
+
+    fn members(&self) -> Result<Vec<Member>, StoreError> {
+        Store::members(self)
+    }
+
+    fn apply_committed(&mut self, entries: Vec<Committed>) -> Result<(), StoreError> {
+        Store::apply_committed(self, entries)
+    }
+
+    fn pin_snapshot(&self) -> Result<PinnedSnapshot, StoreError> {
+        Store::pin_snapshot(self)
+    }
+
+    fn install_snapshot(&mut self, path: &Path, index: u64, term: u64) -> Result<(), StoreError> {
+        Store::install_snapshot(self, path, index, term)
+    }
+
+    /// Sets the term response headers report. Only the leader proposes lease revocations; on
+    /// becoming leader every lease gets its full TTL.
+    fn set_leadership(&mut self, leader: bool, term: u64) {
         self.shared.raft_term.store(term, Ordering::Relaxed);
         let was = self.shared.lease_authority.swap(leader, Ordering::AcqRel);
         if leader && !was {
@@ -246,8 +286,14 @@ impl Store {
         }
     }
 
-    /// Whether this member decides lease expiry (see [`Store::set_leadership`]).
-    pub fn is_lease_authority(&self) -> bool {
-        self.shared.lease_authority.load(Ordering::Acquire)
+    /// Moves the deadline here, where expiry is decided.
+    fn lease_renewed_elsewhere(&mut self, id: i64) {
+        let _ = self.shared.mvcc.lessor.lock().keep_alive(id);
+    }
+}
+
+impl Proposer for Store {
+    fn set_replicator(&self, replicator: Arc<dyn Replicator>) {
+        Store::set_replicator(self, replicator);
     }
 }
