@@ -6,8 +6,8 @@
 //! keeps only the synced part, as a power loss keeps only what reached the disk. The store's
 //! durability is the `SyncStore`'s checkpoint (the real store's durable redb commit).
 //!
-//! The host drives its store only through `skerry_store::replication::StateMachine`, the
-//! trait the production node drives the real store through.
+//! The host drives its store through `skerry_store::replication::StateMachine`, as the
+//! production node drives the real store: the same calls, on a `SyncStore`.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
