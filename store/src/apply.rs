@@ -11,8 +11,9 @@
 //! - [`stage_install`]: a snapshot install's table replacement and the state rebuilt from it,
 //!   before the caller commits.
 //!
-//! Nothing here starts a thread, reads a clock or draws a random number: what the tables hold
-//! after a call depends only on what they held before and on the call's arguments.
+//! Nothing here starts a thread or draws a random number, and the one clock read (the
+//! lessor's deadline for a granted lease) reaches no table: what the tables hold after a call
+//! depends only on what they held before and on the call's arguments.
 //!
 //! # Invariants
 //! - A command's validation that needs state (lease exists, key exists for `ignore_value`)

@@ -6,10 +6,11 @@
 //! # Invariants
 //! - A store's format version and identity (cluster and member ids) are written once, when
 //!   its tables are created; a store of another format, or of another member than the one
-//!   asked for, is refused, never converted.
-//! - The rebuilt state is exactly what applying the rows' history would have left in memory,
-//!   but for lease deadlines: every lease gets its full TTL again (etcd does the same after
-//!   an election).
+//!   asked for, is refused. A store of this format from an older build only gets the
+//!   tables it lacks.
+//! - The rebuilt state comes from the tables alone, so it is the same after a restart, an
+//!   install or a simulated crash; only lease deadlines are new: every lease gets its full
+//!   TTL again (etcd does the same after an election).
 
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};

@@ -2,7 +2,8 @@
 //!
 //! # Files
 //! - this file: [`Store`], [`StoreConfig`], [`StoreStatus`], the state the threads share
-//!   ([`Shared`]), and the reads, which run on the caller's thread.
+//!   (`Shared`), and the reads, which run on the caller's thread (`status` asks the writer
+//!   for the space in use).
 //! - `open.rs`: opening a data dir (refusing one that is not ours or is in use), loading its
 //!   tables, replaying the write-ahead log, starting the threads; closing.
 //! - `writes.rs`: the client writes (put, delete, txn, compaction, leases, alarms, member

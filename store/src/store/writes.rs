@@ -1,15 +1,17 @@
 //! The client writes: put, delete-range, txn, compaction, lease grant and revoke, alarms and
 //! member attributes, and lease keep-alives.
 //!
-//! A write is checked against this member's space quota first (as etcd's quota layer sits in
-//! front of its KV service), then against etcd's request limits ([`crate::validate`]), then
-//! proposed: to the writer's queue for a single store, to the replicated log for a cluster
-//! member, waiting at most [`super::REPLICATED_REQUEST_TIMEOUT`] for the cluster. Its answer
-//! carries this member's header.
+//! Puts, txns and lease grants are checked against this member's space quota first (as
+//! etcd's quota layer sits in front of its KV service); KV requests then against etcd's
+//! request limits ([`crate::validate`]). A write is then proposed: to the writer's queue for
+//! a single store, to the replicated log for a cluster member, waiting at most
+//! [`super::REPLICATED_REQUEST_TIMEOUT`] for the cluster. A KV answer carries this member's
+//! header.
 //!
 //! Invariants: nothing here writes a table (the writer applies what is proposed), and a
-//! refused write proposes nothing. A write that applied past the quota answers `NoSpace` and
-//! raises `NOSPACE` for this member, as etcd does.
+//! write a check refuses is not proposed. A quota refusal, or a write that applied past the
+//! quota (answered `NoSpace`), raises `NOSPACE` for this member through the log, as etcd
+//! does.
 
 use std::sync::atomic::Ordering;
 
