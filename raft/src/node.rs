@@ -3,6 +3,10 @@
 //! (the [`Host`] implementation here), and [`RaftHandle`], through which the store submits
 //! writes, ReadIndex rounds and membership changes.
 //!
+//! The node drives the store only through [`StateMachine`] (and connects it to the log through
+//! [`Proposer`]): it is generic over them, and the appliance instantiates it with
+//! `skerry_store::Store`, whose snapshots arrive as files.
+//!
 //! The loop takes up to [`MESSAGES_PER_TURN_MAX`] inputs per turn, so a burst of proposals
 //! lands in one `Ready` and shares its fsync, ticks every heartbeat interval, and handles the
 //! `Ready` at the end of each turn.
@@ -16,9 +20,11 @@ use std::time::{Duration, Instant};
 use parking_lot::RwLock;
 use raft::eraftpb::{ConfState, Entry, HardState, Message, Snapshot};
 use raft::{GetEntriesContext, RaftState, RawNode, Storage, StorageError};
+use skerry_store::StoreError;
 use skerry_store::pb::command::{Command, Member as MemberRecord};
-use skerry_store::replication::{Committed, MembershipChange, ReplicaStatus, Replicator, Reply};
-use skerry_store::{Store, StoreError};
+use skerry_store::replication::{
+    Committed, MembershipChange, Proposer, ReplicaStatus, Replicator, Reply, StateMachine,
+};
 use tokio::sync::oneshot;
 use tracing::{error, info, warn};
 
@@ -156,11 +162,14 @@ impl RaftNode {
     /// from a snapshot like everything else. A member joining a running cluster
     /// (`--initial-cluster-state existing`) starts with an empty log and no membership and
     /// waits for the leader to send it one or the other.
-    pub async fn start(
+    pub async fn start<S>(
         cluster: &ClusterConfig,
         log_dir: &Path,
-        store: Store,
-    ) -> Result<RaftNode, RaftError> {
+        store: S,
+    ) -> Result<RaftNode, RaftError>
+    where
+        S: Proposer + StateMachine<SnapshotSource = Path> + Clone + Send + Sync + 'static,
+    {
         let log = RaftLog::open(log_dir)?;
         if !log.is_initialized() && log.last_index() == 0 {
             match cluster.state {
@@ -377,13 +386,13 @@ impl Drop for RaftNode {
 /// transport has streamed it: its index is the store's applied index in that transaction,
 /// its membership the one the store recorded with it.
 #[derive(Clone)]
-struct NodeStorage {
+struct NodeStorage<S> {
     log: RaftLog,
-    store: Store,
+    store: S,
     outgoing: OutgoingSnapshots,
 }
 
-impl Storage for NodeStorage {
+impl<S: StateMachine> Storage for NodeStorage<S> {
     fn initial_state(&self) -> raft::Result<RaftState> {
         self.log.initial_state()
     }
@@ -442,15 +451,15 @@ impl Storage for NodeStorage {
 }
 
 /// The production loop around the node's logic.
-struct Driver {
-    core: Core<ProdHost>,
+struct Driver<S: StateMachine<SnapshotSource = Path>> {
+    core: Core<ProdHost<S>>,
     rx: Receiver<NodeMsg>,
     shared: Arc<Shared>,
     tick_every: Duration,
     log_dir: std::path::PathBuf,
 }
 
-impl Driver {
+impl<S: StateMachine<SnapshotSource = Path>> Driver<S> {
     fn run(&mut self) {
         let mut next_tick = Instant::now() + self.tick_every;
         loop {
@@ -510,14 +519,14 @@ impl Driver {
 }
 
 /// The production host: the store, the segment-file log, the TCP transport, the real clock.
-struct ProdHost {
+struct ProdHost<S> {
     log: RaftLog,
-    store: Store,
+    store: S,
     transport: Transport,
 }
 
-impl Host for ProdHost {
-    type Storage = NodeStorage;
+impl<S: StateMachine<SnapshotSource = Path>> Host for ProdHost<S> {
+    type Storage = NodeStorage<S>;
 
     fn persist(
         &mut self,

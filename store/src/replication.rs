@@ -7,12 +7,23 @@
 //! restart is harmless), commits redb without an fsync (the log is durable) and answers the
 //! waiting caller. Linearizable reads ask the replicator for a read index and wait until the
 //! store has applied it.
+//!
+//! The other direction is [`StateMachine`]: what the log needs of the store it drives
+//! (entries to apply, snapshots to pin and install, what the store applied and made durable,
+//! the membership it recorded), and [`Proposer`], which connects a store with clients of its
+//! own to the log. The Raft layer's production node is written against these traits only;
+//! [`crate::Store`] implements both, and the simulation's [`crate::sync_store::SyncStore`]
+//! implements [`StateMachine`], so the simulated host drives its store through the same
+//! calls.
+
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use crate::apply::CommandResult;
 use crate::error::StoreError;
-use crate::pb::command::Command;
-use crate::store::CommandResult;
+use crate::pb::command::{Command, Member};
+use crate::read::PinnedSnapshot;
 
 /// Where a command's result goes once it is applied on this member.
 pub type Reply = oneshot::Sender<Result<CommandResult, StoreError>>;
@@ -55,6 +66,71 @@ pub trait Replicator: Send + Sync + 'static {
             "this replicated log cannot move its leader".into(),
         )));
     }
+}
+
+/// What a replicated log needs of the state machine it drives (raft-rs and etcd call the
+/// application a log feeds its state machine): committed entries applied in index order,
+/// snapshots pinned for a member too far behind and installed from the leader, and what the
+/// log must know at start and at compaction.
+///
+/// Implemented by [`crate::Store`] (the production node drives it) and by
+/// [`crate::sync_store::SyncStore`] (the simulation's hosts drive it).
+pub trait StateMachine {
+    /// Where an installed snapshot's stream is read from: the file the transport received
+    /// ([`crate::Store`]), or the stream's bytes ([`crate::sync_store::SyncStore`]).
+    type SnapshotSource: ?Sized;
+
+    /// The last applied log index.
+    fn applied_index(&self) -> u64;
+
+    /// The applied index of the last durable commit: the log must keep every entry after
+    /// it, since a crash makes the state machine apply them again.
+    fn durable_applied_index(&self) -> u64;
+
+    /// The log index and term of the last snapshot installed, if any. Recorded in the
+    /// install's own commit, so after a crash between the state machine's install and the
+    /// log's own update they tell the log where the state machine stands.
+    fn installed_snapshot(&self) -> Result<Option<(u64, u64)>, StoreError>;
+
+    /// raft-rs's encoded `ConfState` as of the last applied membership change (or installed
+    /// snapshot); `None` before there was one.
+    fn conf_state(&self) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// The members as the log recorded them, sorted by id.
+    fn members(&self) -> Result<Vec<Member>, StoreError>;
+
+    /// Applies committed entries in index order; each entry's result goes to its `reply`.
+    /// Entries at or below the applied index are skipped (the log re-delivers them after a
+    /// restart); the rest must follow it with no gap.
+    fn apply_committed(&mut self, entries: Vec<Committed>) -> Result<(), StoreError>;
+
+    /// Pins the state machine as it is now for a snapshot; see [`PinnedSnapshot`].
+    fn pin_snapshot(&self) -> Result<PinnedSnapshot, StoreError>;
+
+    /// Replaces the whole state with the snapshot in `source`, which holds the state after
+    /// log entry `index` of term `term`: durable at once, after every entry handed over
+    /// before it; the next entry to apply is `index + 1`. On error nothing has changed.
+    fn install_snapshot(
+        &mut self,
+        source: &Self::SnapshotSource,
+        index: u64,
+        term: u64,
+    ) -> Result<(), StoreError>;
+
+    /// Whether this member leads, and the term: only the leader decides lease expiry.
+    fn set_leadership(&mut self, leader: bool, term: u64);
+
+    /// A follower's client renewed lease `id`, and this member leads.
+    fn lease_renewed_elsewhere(&mut self, id: i64);
+}
+
+/// A state machine with clients of its own, whose writes, linearizable reads and membership
+/// changes go through the log: the log connects itself once it has started.
+/// ([`crate::sync_store::SyncStore`] has no clients: the simulation proposes to its nodes
+/// directly.)
+pub trait Proposer: StateMachine {
+    /// Connects the log. Once only; later calls are ignored.
+    fn set_replicator(&self, replicator: Arc<dyn Replicator>);
 }
 
 /// The log's state as one member sees it.

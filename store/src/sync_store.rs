@@ -3,7 +3,7 @@
 //! virtual clock, and each must replay exactly from its seed.
 //!
 //! A [`SyncStore`] applies committed entries with the same code as [`crate::Store`]'s writer
-//! (`store::apply_commands` over `mvcc::Apply`), reads with the same `mvcc::range` and
+//! (`apply::apply_commands` over `mvcc::Apply`), reads with the same `mvcc::range` and
 //! history reader, compacts with the same bounded steps, and writes and installs the same
 //! snapshot stream ([`crate::snapshot`]), over redb's in-memory backend. It starts no
 //! thread, opens no file, and takes ids from its caller rather than from a random source:
@@ -44,16 +44,19 @@ use bytes::Bytes;
 use redb::backends::InMemoryBackend;
 use redb::{Database, Durability, ReadableDatabase};
 
+use crate::apply::{
+    ApplyCursor, CommandResult, apply_commands, check_entry_order, compaction_step, stage_install,
+};
 use crate::error::StoreError;
 use crate::mvcc::{self, KV, Mvcc};
 use crate::pb::command::{Command, Member};
 use crate::pb::etcdserverpb::{AlarmMember, RangeRequest, RangeResponse, ResponseHeader};
 use crate::pb::mvccpb::Event;
 use crate::quota::QuotaCheck;
-use crate::store::{
-    ApplyCursor, CommandResult, State, apply_commands, check_entry_order, compaction_step, load,
-    pin, raft_record, read_history, read_installed_snapshot, read_members, stage_install,
-};
+use crate::read::PinnedSnapshot;
+use crate::read::{pin, raft_record, read_history, read_installed_snapshot, read_members};
+use crate::replication::{Committed, StateMachine};
+use crate::state::{State, load};
 
 /// redb durability of the commits that apply entries (installs are durable, as in the real
 /// store). The simulated durability is the image (see the module docs), not this, so the
@@ -177,7 +180,7 @@ impl SyncStore {
     }
 
     /// Sets the Raft term that response headers report (the real store learns it from
-    /// `Store::set_leadership`).
+    /// `StateMachine::set_leadership`).
     pub fn set_raft_term(&mut self, term: u64) {
         self.raft_term = term;
     }
@@ -292,7 +295,7 @@ impl SyncStore {
     /// current one), and the compaction floor.
     pub fn hash_kv(&self, revision: i64) -> Result<(u32, i64), StoreError> {
         self.check_usable()?;
-        crate::store::hash_kv(&self.db.begin_read()?, &self.mvcc, revision)
+        crate::read::hash_kv(&self.db.begin_read()?, &self.mvcc, revision)
     }
 
     /// The cluster's members as the log recorded them, sorted by id.
@@ -424,6 +427,79 @@ impl SyncStore {
         }
         Ok(())
     }
+}
+
+/// The simulation's hosts drive a [`SyncStore`] through the same calls the production node
+/// makes on [`crate::Store`].
+impl StateMachine for SyncStore {
+    /// The snapshot stream itself: the simulated network carries the bytes.
+    type SnapshotSource = [u8];
+
+    fn applied_index(&self) -> u64 {
+        SyncStore::applied_index(self)
+    }
+
+    fn durable_applied_index(&self) -> u64 {
+        SyncStore::durable_applied_index(self)
+    }
+
+    fn installed_snapshot(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        SyncStore::installed_snapshot(self)
+    }
+
+    fn conf_state(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        SyncStore::conf_state(self)
+    }
+
+    fn members(&self) -> Result<Vec<Member>, StoreError> {
+        SyncStore::members(self)
+    }
+
+    /// Applies the entries in one batch ([`SyncStore::apply`]) and answers each entry's
+    /// reply with its result; skipped entries (at or below the applied index) get none.
+    fn apply_committed(&mut self, entries: Vec<Committed>) -> Result<(), StoreError> {
+        let mut replies = Vec::with_capacity(entries.len());
+        let mut batch = Vec::with_capacity(entries.len());
+        for committed in entries {
+            replies.push((committed.index, committed.reply));
+            batch.push((committed.index, committed.command));
+        }
+        let applied_before = self.applied_index();
+        let applied = self.apply(batch)?;
+        // Results come for the entries not skipped, in order.
+        let mut results = applied.results.into_iter();
+        for (index, reply) in replies {
+            if index <= applied_before {
+                continue;
+            }
+            let result = results.next();
+            if let (Some(reply), Some(result)) = (reply, result) {
+                let _ = reply.send(result);
+            }
+        }
+        Ok(())
+    }
+
+    fn pin_snapshot(&self) -> Result<PinnedSnapshot, StoreError> {
+        self.check_usable()?;
+        pin(&self.db)
+    }
+
+    fn install_snapshot(
+        &mut self,
+        snapshot: &[u8],
+        index: u64,
+        term: u64,
+    ) -> Result<(), StoreError> {
+        self.install(snapshot, index, term)
+    }
+
+    /// Nothing: nothing here expires leases (see the module docs), so leadership changes
+    /// nothing the simulation reads.
+    fn set_leadership(&mut self, _leader: bool, _term: u64) {}
+
+    /// Nothing: lease deadlines are never read here (see the module docs).
+    fn lease_renewed_elsewhere(&mut self, _id: i64) {}
 }
 
 impl fmt::Debug for SyncStore {

@@ -1,7 +1,7 @@
 //! Coalesces the HTTP/2 server's socket writes: one `writev` per scheduling round, not one per
 //! response.
 //!
-//! The store answers a whole group-committed batch at once (see `store.rs`), so many responses
+//! The store answers a whole group-committed batch at once (see `store/writer.rs`), so many responses
 //! of one connection become ready together. hyper's HTTP/2 connection task writes whatever
 //! frames are queued each time it is polled, and tokio runs a task woken by the running one
 //! next (its LIFO slot): the connection task woken by the first finished response wrote that

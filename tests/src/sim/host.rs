@@ -5,6 +5,9 @@
 //! Durability: the log keeps what was written and, separately, what was last synced; a crash
 //! keeps only the synced part, as a power loss keeps only what reached the disk. The store's
 //! durability is the `SyncStore`'s checkpoint (the real store's durable redb commit).
+//!
+//! The host drives its store through `skerry_store::replication::StateMachine`, as the
+//! production node drives the real store: the same calls, on a `SyncStore`.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -19,7 +22,7 @@ use skerry_raft::RaftError;
 use skerry_raft::core::{Host, snapshot_message};
 use skerry_raft::log::MemLog;
 use skerry_store::pb::command::Member as MemberRecord;
-use skerry_store::replication::{Committed, MembershipChange};
+use skerry_store::replication::{Committed, MembershipChange, StateMachine};
 use skerry_store::sync_store::SyncStore;
 
 /// The log with its durability: `written` is what the member sees, `synced` what a crash
@@ -94,14 +97,19 @@ impl Storage for SimStorage {
     /// The store as it is now (its applied index is the snapshot's), as the real node's
     /// storage pins a read transaction.
     fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
-        let pinned = self.store.borrow().snapshot().map_err(|_| unavailable())?;
+        let pinned = self
+            .store
+            .borrow()
+            .pin_snapshot()
+            .map_err(|_| unavailable())?;
+        let mut bytes = Vec::new();
+        pinned.write(&mut bytes).map_err(|_| unavailable())?;
         let snap = snapshot_message(
             &self.log.borrow().written,
             pinned.applied_index,
             request_index,
             pinned.conf_state.as_deref(),
         )?;
-        let bytes = pinned.bytes;
         self.outgoing.borrow_mut().insert(to, bytes);
         Ok(snap)
     }
@@ -184,7 +192,7 @@ impl Host for SimHost {
         self.storage
             .store
             .borrow_mut()
-            .install(&snap.data, meta.index, meta.term)?;
+            .install_snapshot(&snap.data, meta.index, meta.term)?;
         let mut log = self.storage.log.borrow_mut();
         let state = &mut log.written;
         state.install(meta.index, meta.term);
@@ -196,27 +204,7 @@ impl Host for SimHost {
     }
 
     fn apply(&mut self, batch: Vec<Committed>) -> Result<(), RaftError> {
-        let mut replies = Vec::with_capacity(batch.len());
-        let mut entries = Vec::with_capacity(batch.len());
-        for committed in batch {
-            replies.push((committed.index, committed.reply));
-            entries.push((committed.index, committed.command));
-        }
-        let mut store = self.storage.store.borrow_mut();
-        let applied_before = store.applied_index();
-        let applied = store.apply(entries)?;
-        // Results come for the entries not skipped, in order.
-        let mut results = applied.results.into_iter();
-        for (index, reply) in replies {
-            if index <= applied_before {
-                continue;
-            }
-            let result = results.next();
-            if let (Some(reply), Some(result)) = (reply, result) {
-                let _ = reply.send(result);
-            }
-        }
-        Ok(())
+        Ok(self.storage.store.borrow_mut().apply_committed(batch)?)
     }
 
     fn members(&self) -> Result<Vec<MemberRecord>, RaftError> {
@@ -227,9 +215,13 @@ impl Host for SimHost {
         self.storage.store.borrow().durable_applied_index()
     }
 
-    fn set_leadership(&mut self, _leader: bool, _term: u64) {}
+    fn set_leadership(&mut self, leader: bool, term: u64) {
+        self.storage.store.borrow_mut().set_leadership(leader, term);
+    }
 
-    fn lease_renewed_elsewhere(&mut self, _id: i64) {}
+    fn lease_renewed_elsewhere(&mut self, id: i64) {
+        self.storage.store.borrow_mut().lease_renewed_elsewhere(id);
+    }
 
     fn send(&mut self, messages: Vec<Message>) -> Vec<u64> {
         let mut unknown = Vec::new();
