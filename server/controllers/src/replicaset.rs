@@ -36,6 +36,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use skerry_api::selector::LabelSelector;
 use skerry_client::cache::Indexer;
 use skerry_client::events::object_reference;
 use skerry_client::informer::SharedInformer;
@@ -47,7 +48,7 @@ use tracing::Instrument as _;
 use crate::context::Context;
 use crate::expectations::{Clock, SystemClock, UidTrackingControllerExpectations};
 use crate::podcontrol::{
-    EventSink, NoEvents, PodControl, SLOW_START_INITIAL_BATCH_SIZE, Selector, adopt_patch,
+    EventSink, NoEvents, PodControl, SLOW_START_INITIAL_BATCH_SIZE, adopt_patch,
     create_pod_from_template, event_recorder, is_namespace_terminating, record_pod_create,
     record_pod_delete, release_patch, slow_start_batch,
 };
@@ -256,13 +257,13 @@ impl ReplicaSetController {
             .list_namespace(namespace)
             .into_iter()
             .filter(|rs| {
-                Selector::from_label_selector(
+                LabelSelector::from_api(
                     &rs.spec
                         .as_ref()
                         .map(|s| s.selector.clone())
                         .unwrap_or_default(),
                 )
-                .is_ok_and(|s| !s.is_empty() && s.matches(pod.metadata.labels.as_ref()))
+                .is_ok_and(|s| !s.is_empty() && s.matches_opt(pod.metadata.labels.as_ref()))
             })
             .collect()
     }
@@ -392,7 +393,7 @@ impl ReplicaSetController {
         // it reports are in the list below, never the other way round.
         let needs_sync = self.expectations.satisfied(key);
         let spec = rs.spec.clone().unwrap_or_default();
-        let selector = match Selector::from_label_selector(&spec.selector) {
+        let selector = match LabelSelector::from_api(&spec.selector) {
             Ok(s) => s,
             Err(e) => {
                 // Retrying cannot fix a bad selector; the next update of the ReplicaSet will.
@@ -451,7 +452,7 @@ impl ReplicaSetController {
     async fn claim_pods(
         &self,
         rs: &ReplicaSet,
-        selector: &Selector,
+        selector: &LabelSelector,
         pods: Vec<Arc<Pod>>,
     ) -> anyhow::Result<Vec<Arc<Pod>>> {
         let rs_uid = rs.metadata.uid.clone().unwrap_or_default();
@@ -465,7 +466,8 @@ impl ReplicaSetController {
         for pod in pods {
             let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
             let pod_uid = pod.metadata.uid.as_deref().unwrap_or_default();
-            let matches = !selector.is_empty() && selector.matches(pod.metadata.labels.as_ref());
+            let matches =
+                !selector.is_empty() && selector.matches_opt(pod.metadata.labels.as_ref());
             match controller_of(&pod.metadata) {
                 Some(r) if r.uid == rs_uid => {
                     if matches {
@@ -666,7 +668,7 @@ impl ReplicaSetController {
             if controller_of(&sibling.metadata).is_none_or(|r| r.uid != owner.uid) {
                 continue;
             }
-            let Ok(selector) = Selector::from_label_selector(
+            let Ok(selector) = LabelSelector::from_api(
                 &sibling
                     .spec
                     .as_ref()
@@ -677,7 +679,7 @@ impl ReplicaSetController {
             };
             for pod in &pods {
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
-                if selector.matches(pod.metadata.labels.as_ref()) && seen.insert(uid) {
+                if selector.matches_opt(pod.metadata.labels.as_ref()) && seen.insert(uid) {
                     related.push(pod.clone());
                 }
             }

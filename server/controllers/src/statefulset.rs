@@ -40,6 +40,7 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, Volume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use skerry_api::selector::LabelSelector;
 use skerry_client::cache::Indexer;
 use skerry_client::informer::SharedInformer;
 use skerry_client::workqueue::WorkQueue;
@@ -50,7 +51,7 @@ use tracing::Instrument as _;
 use crate::context::Context;
 use crate::daemonset::{CONTROLLER_REVISION_HASH_LABEL, claim_pods};
 use crate::hash::compute_hash;
-use crate::podcontrol::{CreatePodError, PodControl, Selector, pod_from_template};
+use crate::podcontrol::{CreatePodError, PodControl, pod_from_template};
 use crate::runtime::{self, Reconciler};
 use crate::util::{
     self, Forward, controller_of, is_pod_available, is_pod_ready, resolve_controller_ref,
@@ -664,8 +665,8 @@ impl StatefulSetController {
             .filter(|set| {
                 parse_ordinal(set_name(set), pod_name).is_some()
                     && set.spec.as_ref().is_some_and(|s| {
-                        Selector::from_label_selector(&s.selector).is_ok_and(|sel| {
-                            !sel.is_empty() && sel.matches(pod.metadata.labels.as_ref())
+                        LabelSelector::from_api(&s.selector).is_ok_and(|sel| {
+                            !sel.is_empty() && sel.matches_opt(pod.metadata.labels.as_ref())
                         })
                     })
             })
@@ -754,7 +755,7 @@ impl StatefulSetController {
         let selector = match set
             .spec
             .as_ref()
-            .map(|s| Selector::from_label_selector(&s.selector))
+            .map(|s| LabelSelector::from_api(&s.selector).map_err(|e| e.message))
         {
             Some(Ok(s)) if !s.is_empty() => s,
             // Retrying cannot fix a selector; the next update of the set will.
@@ -788,7 +789,7 @@ impl StatefulSetController {
     async fn claim(
         &self,
         set: &StatefulSet,
-        selector: &Selector,
+        selector: &LabelSelector,
         namespace: &str,
     ) -> anyhow::Result<Vec<Arc<Pod>>> {
         let controller_ref = util::controller_ref(API_VERSION, KIND, &set.metadata);
