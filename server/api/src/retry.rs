@@ -59,6 +59,19 @@ pub const DEFAULT_BACKOFF: Backoff = Backoff {
 };
 
 impl Backoff {
+    /// `steps` runs with no pause between them: the shape of Kubernetes' hand-rolled retries
+    /// that read again and write at once (the ReplicaSet and DaemonSet controllers'
+    /// `statusUpdateRetries`).
+    pub const fn immediate(steps: u32) -> Backoff {
+        Backoff {
+            duration: Duration::ZERO,
+            factor: 1.0,
+            jitter: 0.0,
+            steps,
+            cap: Duration::ZERO,
+        }
+    }
+
     /// The next pause, advancing the schedule (`wait.Backoff.Step`).
     pub fn step(&mut self) -> Duration {
         self.step_with(rand::random::<f64>())
@@ -298,14 +311,8 @@ mod tests {
         // write (`statusUpdateRetries`).
         let runs = AtomicU32::new(0);
         let start = Instant::now();
-        let twice = Backoff {
-            duration: Duration::ZERO,
-            jitter: 0.0,
-            steps: 2,
-            ..DEFAULT_RETRY
-        };
         let result: Result<(), u32> = on_error(
-            twice,
+            Backoff::immediate(2),
             |_| true,
             || async { Err(runs.fetch_add(1, Ordering::SeqCst)) },
         )

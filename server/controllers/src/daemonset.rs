@@ -55,6 +55,7 @@ use skerry_api::pod::taints::{
 use skerry_api::selector::LabelSelector;
 use skerry_client::cache::Indexer;
 use skerry_client::informer::SharedInformer;
+use skerry_client::retry::{Backoff, on_error};
 use skerry_client::workqueue::WorkQueue;
 use skerry_client::{Client, Error, PostParams, key_of};
 use tokio_util::sync::CancellationToken;
@@ -88,7 +89,12 @@ pub const DEFAULT_WORKERS: usize = 2;
 
 /// Extra attempts at a status write that failed, after a fresh GET; past it the key is
 /// re-queued with backoff (Kubernetes' daemon `StatusUpdateRetries`).
-pub const STATUS_UPDATE_RETRIES: usize = 1;
+pub const STATUS_UPDATE_RETRIES: u32 = 1;
+
+/// The status write's schedule: Kubernetes' `storeDaemonSetStatus` writes again at once, on a
+/// fresh GET, whatever the error was, [`STATUS_UPDATE_RETRIES`] times (a failed GET ends it:
+/// it is the last run).
+const STATUS_UPDATE_BACKOFF: Backoff = Backoff::immediate(STATUS_UPDATE_RETRIES + 1);
 
 /// The label carrying the template hash a pod was created from (apps/v1
 /// `DefaultDaemonSetUniqueLabelKey`, the same key as `ControllerRevisionHashLabelKey`).
@@ -1198,33 +1204,32 @@ impl DaemonSetController {
         if ds.status.as_ref() == Some(&status) {
             return Ok(());
         }
-        let mut target = ds.clone();
-        for attempt in 0..=STATUS_UPDATE_RETRIES {
-            if attempt > 0 {
-                let namespace = ds.metadata.namespace.as_deref().unwrap_or_default();
-                let name = ds.metadata.name.as_deref().unwrap_or_default();
-                target = self
-                    .daemon_set_client
-                    .get_daemon_set(namespace, name)
-                    .await
-                    .context("get daemonset for status update")?;
-            }
-            target.status = Some(status.clone());
-            match self
-                .daemon_set_client
-                .replace_daemon_set_status(&target)
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(e) if attempt == STATUS_UPDATE_RETRIES => {
-                    return Err(anyhow::Error::new(e).context("update daemonset status"));
+        let namespace = ds.metadata.namespace.as_deref().unwrap_or_default();
+        let name = ds.metadata.name.as_deref().unwrap_or_default();
+        let client = &self.daemon_set_client;
+        let (status, key) = (&status, &key);
+        let mut runs = 0;
+        on_error(
+            STATUS_UPDATE_BACKOFF,
+            // Any error: Kubernetes retries whatever made the write fail.
+            |_: &Error| true,
+            || {
+                runs += 1;
+                let fresh = runs > 1;
+                async move {
+                    let mut target = if fresh {
+                        tracing::debug!(daemonset = %key, "status update failed; retrying on a fresh copy");
+                        client.get_daemon_set(namespace, name).await?
+                    } else {
+                        ds.clone()
+                    };
+                    target.status = Some(status.clone());
+                    client.replace_daemon_set_status(&target).await.map(|_| ())
                 }
-                Err(e) => {
-                    tracing::debug!(daemonset = %key, error = %e, "status update failed; retrying on a fresh copy");
-                }
-            }
-        }
-        Ok(())
+            },
+        )
+        .await
+        .context("update daemonset status")
     }
 }
 

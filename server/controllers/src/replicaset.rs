@@ -40,6 +40,7 @@ use skerry_api::selector::LabelSelector;
 use skerry_client::cache::Indexer;
 use skerry_client::events::object_reference;
 use skerry_client::informer::SharedInformer;
+use skerry_client::retry::{Backoff, on_error};
 use skerry_client::workqueue::WorkQueue;
 use skerry_client::{Client, Error, PostParams, key_of};
 use tokio_util::sync::CancellationToken;
@@ -70,7 +71,12 @@ pub const DEFAULT_WORKERS: usize = 5;
 
 /// Extra attempts at a status write that failed, after a fresh GET; past it the key is
 /// re-queued with backoff instead (Kubernetes' `statusUpdateRetries`).
-pub const STATUS_UPDATE_RETRIES: usize = 1;
+pub const STATUS_UPDATE_RETRIES: u32 = 1;
+
+/// The status write's schedule: Kubernetes' `updateReplicaSetStatus` writes again at once,
+/// on a fresh GET, whatever the error was, [`STATUS_UPDATE_RETRIES`] times (a failed GET ends
+/// it: it is the last run).
+const STATUS_UPDATE_BACKOFF: Backoff = Backoff::immediate(STATUS_UPDATE_RETRIES + 1);
 
 /// The annotation with which a user tells the controller which pods to delete first on a
 /// scale-down (lower first); an integer in int32 range, anything else counts as 0.
@@ -703,32 +709,32 @@ impl ReplicaSetController {
             return Ok(rs.clone());
         }
         status.observed_generation = generation;
-        let mut target = rs.clone();
-        let mut attempt = 0;
-        loop {
-            target.status = Some(status.clone());
-            match self
-                .replica_set_client
-                .replace_replica_set_status(&target)
-                .await
-            {
-                Ok(updated) => return Ok(updated),
-                Err(e) if attempt >= STATUS_UPDATE_RETRIES => {
-                    return Err(anyhow::Error::new(e).context("update replicaset status"));
+        let namespace = rs.metadata.namespace.as_deref().unwrap_or_default();
+        let name = rs.metadata.name.as_deref().unwrap_or_default();
+        let client = &self.replica_set_client;
+        let status = &status;
+        let mut runs = 0;
+        on_error(
+            STATUS_UPDATE_BACKOFF,
+            // Any error: Kubernetes retries whatever made the write fail.
+            |_: &Error| true,
+            || {
+                runs += 1;
+                let fresh = runs > 1;
+                async move {
+                    let mut target = if fresh {
+                        tracing::debug!(replicaset = %key_of(rs), "status update failed; retrying on a fresh copy");
+                        client.get_replica_set(namespace, name).await?
+                    } else {
+                        rs.clone()
+                    };
+                    target.status = Some(status.clone());
+                    client.replace_replica_set_status(&target).await
                 }
-                Err(e) => {
-                    tracing::debug!(replicaset = %key_of(rs), error = %e, "status update failed; retrying on a fresh copy");
-                }
-            }
-            attempt += 1;
-            let namespace = rs.metadata.namespace.as_deref().unwrap_or_default();
-            let name = rs.metadata.name.as_deref().unwrap_or_default();
-            target = self
-                .replica_set_client
-                .get_replica_set(namespace, name)
-                .await
-                .context("get replicaset for status update")?;
-        }
+            },
+        )
+        .await
+        .context("update replicaset status")
     }
 }
 

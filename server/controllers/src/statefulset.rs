@@ -43,6 +43,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use skerry_api::selector::LabelSelector;
 use skerry_client::cache::Indexer;
 use skerry_client::informer::SharedInformer;
+use skerry_client::retry::{Backoff, DEFAULT_RETRY, retry_on_conflict};
 use skerry_client::workqueue::WorkQueue;
 use skerry_client::{Client, Error, PostParams, key_of};
 use tokio_util::sync::CancellationToken;
@@ -74,9 +75,10 @@ pub const ON_DELETE: &str = "OnDelete";
 /// `--concurrent-statefulset-syncs` default.
 pub const DEFAULT_WORKERS: usize = 5;
 
-/// Extra attempts at a status write that hit a conflict, each on a fresh GET: client-go's
-/// `retry.DefaultRetry` (5 steps), which the StatefulSet status updater uses.
-pub const STATUS_UPDATE_RETRIES: usize = 4;
+/// The retries of a status write that hit a conflict, each on a fresh GET: client-go's
+/// `retry.DefaultRetry` (five runs 10 ms apart), which Kubernetes' StatefulSet status
+/// updater (`realStatefulSetStatusUpdater`) wraps its write in.
+pub const STATUS_UPDATE_RETRY: Backoff = DEFAULT_RETRY;
 
 /// The longest revision-name prefix: a ControllerRevision name is a DNS subdomain (253) and
 /// the hash suffix needs the rest (Kubernetes' `ControllerRevisionName` truncates at 223).
@@ -887,32 +889,32 @@ impl StatefulSetController {
         }
         let namespace = set.metadata.namespace.as_deref().unwrap_or_default();
         let name = set_name(set);
-        let mut target = set.clone();
-        for attempt in 0..=STATUS_UPDATE_RETRIES {
-            if attempt > 0 {
-                target = self
-                    .stateful_set_client
-                    .get_stateful_set(namespace, name)
-                    .await
-                    .context("get statefulset for status update")?;
-            }
-            target.status = Some(status.clone());
-            match self
-                .stateful_set_client
-                .replace_stateful_set_status(&target)
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(e) if e.is_conflict() && attempt < STATUS_UPDATE_RETRIES => {
+        let client = &self.stateful_set_client;
+        let status = &status;
+        let mut runs = 0;
+        retry_on_conflict(STATUS_UPDATE_RETRY, || {
+            runs += 1;
+            // The cached copy first; after a conflict, the winner's.
+            let fresh = runs > 1;
+            async move {
+                let mut target = if fresh {
                     tracing::debug!(
                         statefulset = name,
                         "status update conflicted; retrying on a fresh copy"
                     );
-                }
-                Err(e) => return Err(anyhow::Error::new(e).context("update statefulset status")),
+                    client.get_stateful_set(namespace, name).await?
+                } else {
+                    set.clone()
+                };
+                target.status = Some(status.clone());
+                client
+                    .replace_stateful_set_status(&target)
+                    .await
+                    .map(|_| ())
             }
-        }
-        Ok(())
+        })
+        .await
+        .context("update statefulset status")
     }
 }
 
@@ -1365,6 +1367,10 @@ mod tests {
         sets: Indexer<StatefulSet>,
         /// Every write, in order: "create claim X", "create pod X", "delete pod X".
         log: Mutex<Vec<String>>,
+        /// Status writes still to answer with 409 Conflict (another writer keeps winning).
+        status_conflicts: Mutex<usize>,
+        /// Status writes and live GETs made, in order: "put status", "get".
+        status_calls: Mutex<Vec<&'static str>>,
     }
 
     impl PodControl for Fake {
@@ -1423,6 +1429,7 @@ mod tests {
             name: &'a str,
         ) -> BoxFuture<'a, Result<StatefulSet, Error>> {
             Box::pin(async move {
+                self.status_calls.lock().push("get");
                 self.sets
                     .get_by(namespace, name)
                     .map(|s| (*s).clone())
@@ -1434,6 +1441,12 @@ mod tests {
             set: &'a StatefulSet,
         ) -> BoxFuture<'a, Result<StatefulSet, Error>> {
             Box::pin(async move {
+                self.status_calls.lock().push("put status");
+                let mut conflicts = self.status_conflicts.lock();
+                if *conflicts > 0 {
+                    *conflicts -= 1;
+                    return Err(api_error(409, "Conflict"));
+                }
                 self.sets.upsert(&key_of(set), Arc::new(set.clone()));
                 Ok(set.clone())
             })
@@ -1458,6 +1471,8 @@ mod tests {
             pods: Indexer::new(),
             sets: Indexer::new(),
             log: Mutex::new(Vec::new()),
+            status_conflicts: Mutex::new(0),
+            status_calls: Mutex::new(Vec::new()),
         });
         fake.sets.upsert(&key_of(&set), Arc::new(set));
         let controller = StatefulSetController::from_parts(Parts {
@@ -1468,6 +1483,47 @@ mod tests {
             claims_served: claims,
         });
         (controller, fake)
+    }
+
+    // The status write is client-go's `RetryOnConflict(DefaultRetry)`: a conflict is
+    // retried on a fresh GET, 10 ms later, up to five runs in all; then the conflict is the
+    // sync's error (and the key goes back to the queue with backoff).
+    #[tokio::test(start_paused = true)]
+    async fn status_writes_retry_conflicts_on_a_fresh_copy_five_times_at_most() {
+        let set = stateful_set("web", 1);
+        let status = StatefulSetStatus {
+            replicas: 1,
+            ..StatefulSetStatus::default()
+        };
+        let (c, fake) = harness(set.clone(), false);
+        *fake.status_conflicts.lock() = 2;
+        c.update_status(&set, status.clone()).await.unwrap();
+        assert_eq!(
+            *fake.status_calls.lock(),
+            vec!["put status", "get", "put status", "get", "put status"]
+        );
+        assert_eq!(
+            fake.sets.get_by(NS, "web").unwrap().status.as_ref(),
+            Some(&status)
+        );
+
+        let (c, fake) = harness(set.clone(), false);
+        *fake.status_conflicts.lock() = usize::MAX;
+        let start = tokio::time::Instant::now();
+        let e = c.update_status(&set, status).await.unwrap_err();
+        assert!(skerry_client::retry::is_conflict(&e), "{e:#}");
+        let puts = fake
+            .status_calls
+            .lock()
+            .iter()
+            .filter(|c| **c == "put status")
+            .count();
+        assert_eq!(puts, 5);
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(40) && waited <= Duration::from_millis(44),
+            "{waited:?}"
+        );
     }
 
     fn make_ready(fake: &Fake, name: &str) {
