@@ -9,6 +9,10 @@
 //! [`anyhow::Error`] that wraps one ([`is_conflict`], for operations whose errors carry
 //! context).
 //!
+//! This is not the transport's retry of answers the server did not process (a 429 or 5xx
+//! with `Retry-After`, client-go's `rest/request.go`), which [`crate::api`] does on every
+//! request: that one repeats the same request, this one a whole read-modify-write.
+//!
 //! ```text
 //! let mut attempt = 0;
 //! retry_on_conflict(DEFAULT_RETRY, || {
