@@ -373,7 +373,7 @@ pub(crate) fn selector_is_empty(selector: &Value) -> bool {
 /// Whether `labels` satisfies `selector` (metav1 `LabelSelectorAsSelector` + `Matches`, through
 /// [`crate::selector::LabelSelector`], the one matcher). A missing selector matches nothing,
 /// an empty one everything, one that does not convert nothing (its own errors are reported by
-/// [`validate_label_selector`]).
+/// `validate_label_selector`).
 pub fn selector_matches(selector: Option<&Value>, labels: Option<&Map<String, Value>>) -> bool {
     let Some(selector) = selector.filter(|s| s.is_object()) else {
         return false;
