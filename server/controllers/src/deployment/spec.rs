@@ -284,8 +284,8 @@ pub fn selects(
 }
 
 /// The Deployment's selector, converted (Kubernetes' `LabelSelectorAsSelector` in
-/// `getReplicaSetsForDeployment`); the error is Kubernetes' "deployment <ns>/<name> has
-/// invalid label selector: ...", and fails the sync before anything is adopted or released.
+/// `getReplicaSetsForDeployment`); the error is Kubernetes' `deployment <ns>/<name> has
+/// invalid label selector: ...`, and fails the sync before anything is adopted or released.
 pub fn checked_selector(d: &Deployment) -> Result<skerry_api::selector::LabelSelector, String> {
     let selector = selector(d).cloned().unwrap_or_default();
     skerry_api::selector::LabelSelector::from_api(&selector).map_err(|e| {
