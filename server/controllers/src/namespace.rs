@@ -619,13 +619,8 @@ impl NamespaceController {
             runs += 1;
             let fresh = runs > 1;
             async move {
-                let current = if fresh {
-                    match self.reread(namespace).await? {
-                        Some(current) => current,
-                        None => return Ok(None),
-                    }
-                } else {
-                    namespace.clone()
+                let Some(current) = self.latest(namespace, fresh).await? else {
+                    return Ok(None);
                 };
                 let phase = current.status.as_ref().and_then(|s| s.phase.as_deref());
                 if phase == Some("Terminating") {
@@ -656,6 +651,20 @@ impl NamespaceController {
                 e.context("set the namespace's phase to Terminating")
             }
         })
+    }
+
+    /// The namespace one run of a conflict retry writes over: the pass's copy on the first
+    /// run (`fresh` false), the latest ([`Self::reread`]) on every later one.
+    async fn latest(
+        &self,
+        namespace: &Namespace,
+        fresh: bool,
+    ) -> anyhow::Result<Option<Namespace>> {
+        if fresh {
+            self.reread(namespace).await
+        } else {
+            Ok(Some(namespace.clone()))
+        }
     }
 
     /// The namespace's latest state after a conflict; an error if it was deleted and
@@ -860,14 +869,10 @@ impl NamespaceController {
             runs += 1;
             let fresh = runs > 1;
             async move {
-                let current = if fresh {
-                    match self.reread(namespace).await? {
-                        Some(current) if !finalized(&current) => current,
-                        // Gone, or finalized by someone else: done.
-                        _ => return Ok(()),
-                    }
-                } else {
-                    namespace.clone()
+                let current = match self.latest(namespace, fresh).await? {
+                    Some(current) if !finalized(&current) => current,
+                    // Gone, or finalized by someone else: done.
+                    _ => return Ok(()),
                 };
                 let mut finalize = Namespace {
                     metadata: current.metadata.clone(),
