@@ -2,6 +2,10 @@
 //!
 //! - [`catalogue`]: every resource served, its group/version/kind, scope, verbs and store key.
 //! - [`status`]: errors as Kubernetes `Status` objects, with Kubernetes' reasons and codes.
+//! - [`selector`]: label and field selectors, the one implementation every component uses.
+//! - [`pod`]: the pod predicates more than one component evaluates (tolerations, node
+//!   affinity, resource requests).
+//! - [`retry`]: client-go's retry on conflict, for controllers and the apiserver alike.
 //!
 //! Start with the catalogue: the apiserver's routing, discovery and watch caches are driven
 //! by it.
@@ -16,7 +20,9 @@ pub mod defaults;
 pub mod kinds;
 pub mod meta;
 pub mod patch;
+pub mod pod;
 pub mod protobuf;
+pub mod retry;
 pub mod schema;
 pub mod selector;
 pub mod status;

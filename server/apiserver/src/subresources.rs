@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use http::Response;
 use serde_json::{Value, json};
+use skerry_api::retry::{Backoff, Conflict as _, on_error, retry_on_conflict};
 use skerry_api::strict::FieldValidation;
 use skerry_api::{ApiError, ResourceInfo, meta};
 
@@ -318,12 +319,19 @@ const DISRUPTED_PODS_MAX: usize = 2000;
 /// 20 steps 500 ms apart with 10 % jitter, about 10 s in all): long enough to ride out the
 /// disruption controller's own status writes to the same PDB, short enough that a client
 /// (kubectl drain retries on its own) is not held for long.
-const EVICTION_ATTEMPTS_MAX: usize = 20;
-/// The pause between two attempts (`EvictionsRetry.Duration`).
-const EVICTION_RETRY_INTERVAL: Duration = Duration::from_millis(500);
-/// Extra random share of the pause (`EvictionsRetry.Jitter`), so that evictions racing for
-/// one budget do not retry in lockstep.
-const EVICTION_RETRY_JITTER: f64 = 0.1;
+const EVICTION_ATTEMPTS_MAX: u32 = 20;
+
+/// Kubernetes' `EvictionsRetry` (`pkg/registry/core/pod/storage/eviction.go`), which its
+/// eviction wraps each step in with client-go's `retry.OnError` / `RetryOnConflict`: the
+/// same retry the controllers use, [`skerry_api::retry`]. The jitter (10 %) keeps evictions
+/// racing for one budget from retrying in lockstep.
+const EVICTIONS_RETRY: Backoff = Backoff {
+    duration: Duration::from_millis(500),
+    factor: 1.0,
+    jitter: 0.1,
+    steps: EVICTION_ATTEMPTS_MAX,
+    cap: Duration::ZERO,
+};
 
 /// `retryAfterSeconds` of the 429 for a budget the disruption controller has not processed
 /// yet (Kubernetes' `createTooManyRequestsError`: a small hint that stops well-behaved
@@ -538,17 +546,6 @@ fn pdb_covers(pdb: &Value, pod: &Value) -> bool {
     }
 }
 
-/// A conflict the caller may retry by reading again.
-fn is_conflict(e: &ApiError) -> bool {
-    e.code == 409 && e.reason == "Conflict"
-}
-
-/// One pause of the eviction's retry schedule.
-async fn eviction_backoff() {
-    let jitter = rand::random::<f64>() * EVICTION_RETRY_JITTER;
-    tokio::time::sleep(EVICTION_RETRY_INTERVAL.mul_f64(1.0 + jitter)).await;
-}
-
 /// The Eviction in a request body (policy/v1, or the identical policy/v1beta1 that older
 /// clients send, as Kubernetes accepts both), decoded strictly.
 fn decode_eviction(req: &Request) -> Result<Value, ApiError> {
@@ -669,30 +666,27 @@ pub async fn evict(
             .pointer("/preconditions/uid")
             .is_some_and(|v| !v.is_null());
 
-    // 1. Pods no budget counts go at once; a conflict (the pod changed) is retried.
-    let mut attempt = 0;
-    let pod = loop {
-        attempt += 1;
+    // A conflict (the pod changed) is retried, unless it is against the client's own
+    // preconditions: that is its answer.
+    let retriable = |e: &ApiError| e.is_conflict() && !client_preconditions;
+
+    // 1. Pods no budget counts go at once.
+    let counted = on_error(EVICTIONS_RETRY, retriable, || async {
         let pod = current(server, resource, namespace, name).await?;
         if !can_ignore_pdb(pod.value()) {
-            break pod;
+            return Ok(Some(pod));
         }
         let mut pod_options = options.clone();
         if should_enforce_resource_version(pod.value()) && !client_resource_version {
             pod_options["preconditions"]["resourceVersion"] =
                 json!(pod.resource_version().to_string());
         }
-        match add_condition_and_delete(server, resource, &deletion, pod, &pod_options, dry_run)
-            .await
-        {
-            Ok(_) => return Ok(evicted()),
-            Err(e)
-                if is_conflict(&e) && !client_preconditions && attempt < EVICTION_ATTEMPTS_MAX =>
-            {
-                eviction_backoff().await;
-            }
-            Err(e) => return Err(e),
-        }
+        add_condition_and_delete(server, resource, &deletion, pod, &pod_options, dry_run).await?;
+        Ok(None)
+    })
+    .await?;
+    let Some(pod) = counted else {
+        return Ok(evicted());
     };
 
     // 2. The budget.
@@ -760,7 +754,7 @@ pub async fn evict(
         .await
         {
             Ok(_) => Ok(evicted()),
-            Err(e) if is_conflict(&e) && !client_resource_version => {
+            Err(e) if e.is_conflict() && !client_resource_version => {
                 let pdb_name = budget.as_ref().map_or("", |p| p.name());
                 Err(budget_being_processed(pdb_name))
             }
@@ -769,21 +763,12 @@ pub async fn evict(
     }
     // The budget is spent (or there is none): the pod goes at whatever version it is now,
     // as Kubernetes' store deletes the latest object.
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
+    on_error(EVICTIONS_RETRY, retriable, || async {
         let latest = current(server, resource, namespace, name).await?;
-        match add_condition_and_delete(server, resource, &deletion, latest, &options, dry_run).await
-        {
-            Ok(_) => return Ok(evicted()),
-            Err(e)
-                if is_conflict(&e) && !client_preconditions && attempt < EVICTION_ATTEMPTS_MAX =>
-            {
-                eviction_backoff().await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
+        add_condition_and_delete(server, resource, &deletion, latest, &options, dry_run).await
+    })
+    .await?;
+    Ok(evicted())
 }
 
 /// `pod` with `DisruptionTarget=True` (reason `EvictionByEvictionAPI`) set as Kubernetes'
@@ -912,6 +897,8 @@ async fn add_condition_and_delete(
                 pod = CachedObject::new(value, None);
                 break;
             }
+            // A compare-and-swap inside the store, retried at once on the object the store
+            // holds now (Kubernetes' `GuaranteedUpdate` under `store.Update`), bounded.
             Err(WriteError::Conflict { current })
                 if resource_version.is_none() && attempt < EVICTION_ATTEMPTS_MAX =>
             {
@@ -927,47 +914,54 @@ async fn add_condition_and_delete(
     delete_one(server, resource, strategy, deletion, pod, &options).await
 }
 
-/// the budget as it now is (Kubernetes' `RetryOnConflict` around `checkAndDecrement` and
-/// `UpdateStatus`). A dry run judges without writing.
+/// Spends one disruption of `pdb` for `pod` (Kubernetes' `checkAndDecrement`), and on a
+/// conflict reads the budget as it now is and judges again, on [`EVICTIONS_RETRY`]'s schedule
+/// (Kubernetes' `RetryOnConflict` around `checkAndDecrement` and `UpdateStatus`). A dry run
+/// judges without writing.
 async fn decrement_budget(
     server: &ApiServer,
     pdbs: &'static ResourceInfo,
-    mut pdb: CachedObject,
+    pdb: CachedObject,
     pod: &str,
     dry_run: bool,
 ) -> Result<(), ApiError> {
-    let pdb_name = pdb.name().to_string();
+    let pdb_name = &pdb.name().to_string();
     let namespace = pdb.namespace().map(str::to_string);
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let next = check_and_decrement(pdb.value(), pod, &meta::now())?;
-        if dry_run {
-            return Ok(());
-        }
-        let written = server
-            .timed(
-                "update",
-                pdbs,
-                storage::update(
-                    &server.store,
-                    pdbs,
-                    namespace.as_deref(),
-                    &pdb_name,
-                    next,
-                    pdb.resource_version(),
-                ),
-            )
-            .await;
-        match written {
-            Ok(_) => return Ok(()),
-            Err(WriteError::Conflict { current }) if attempt < EVICTION_ATTEMPTS_MAX => {
-                eviction_backoff().await;
-                pdb = current;
+    let (namespace, listed) = (namespace.as_deref(), &pdb);
+    let mut runs = 0;
+    retry_on_conflict(EVICTIONS_RETRY, || {
+        runs += 1;
+        // The listed budget first; after a conflict, the budget as it now is.
+        let refresh = runs > 1;
+        async move {
+            let pdb = if refresh {
+                current(server, pdbs, namespace, pdb_name).await?
+            } else {
+                listed.clone()
+            };
+            let next = check_and_decrement(pdb.value(), pod, &meta::now())?;
+            if dry_run {
+                return Ok(());
             }
-            Err(e) => return Err(e.into_api_error(pdbs, &pdb_name)),
+            server
+                .timed(
+                    "update",
+                    pdbs,
+                    storage::update(
+                        &server.store,
+                        pdbs,
+                        namespace,
+                        pdb_name,
+                        next,
+                        pdb.resource_version(),
+                    ),
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| e.into_api_error(pdbs, pdb_name))
         }
-    }
+    })
+    .await
 }
 
 /// `POST serviceaccounts/<name>/token`: a signed, bound service-account token.

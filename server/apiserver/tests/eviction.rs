@@ -339,6 +339,45 @@ async fn a_budget_of_one_lets_one_pod_go_and_refuses_the_next() {
     assert!(pod_exists(&server, "web-2").await);
 }
 
+/// Evictions racing for one budget: each that loses the budget's compare-and-swap reads the
+/// budget as it now is and spends from that (Kubernetes' `RetryOnConflict(EvictionsRetry)`),
+/// so a budget of four lets four concurrent evictions through, each disruption counted once,
+/// and the fifth is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_racing_for_one_budget_each_spend_one_disruption() {
+    let server = start().await;
+    create_pdb(&server, "web", "web", 4, (5, 1)).await;
+    for i in 1..=5 {
+        create_pod(
+            &server,
+            &format!("web-{i}"),
+            json!({"app": "web"}),
+            "Running",
+            true,
+        )
+        .await;
+    }
+    let (a, b, c, d) = tokio::join!(
+        evict(&server, "web-1"),
+        evict(&server, "web-2"),
+        evict(&server, "web-3"),
+        evict(&server, "web-4"),
+    );
+    for (status, body) in [a, b, c, d] {
+        assert_eq!(status, 201, "{body}");
+    }
+    let (_, pdb) = call(&server, Method::GET, &format!("{PDBS}/web"), None).await;
+    assert_eq!(pdb["status"]["disruptionsAllowed"], 0, "{pdb}");
+    let disrupted = pdb["status"]["disruptedPods"]
+        .as_object()
+        .map(|m| m.len())
+        .unwrap_or_default();
+    assert_eq!(disrupted, 4, "{pdb}");
+    let (status, body) = evict(&server, "web-5").await;
+    assert_eq!(status, 429, "{body}");
+    assert!(pod_exists(&server, "web-5").await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_budgets_over_one_pod_are_a_server_error() {
     let server = start().await;

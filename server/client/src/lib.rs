@@ -13,6 +13,7 @@
 //! - [`informer`]: the shared informer, one unbounded ring per handler.
 //! - [`workqueue`]: two sets and a FIFO, `add_after` on one heap, rate limiters.
 //! - [`leaderelection`]: Lease-based leader election that trusts only its own clock.
+//! - [`retry`]: client-go's retry on conflict, for a controller's read-modify-write.
 
 pub mod api;
 pub mod backoff;
@@ -26,6 +27,7 @@ pub mod informer;
 pub mod leaderelection;
 pub mod object;
 pub mod reflector;
+pub mod retry;
 pub mod workqueue;
 
 pub use api::{

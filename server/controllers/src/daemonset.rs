@@ -44,12 +44,18 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{
     Affinity, Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec,
-    PodTemplateSpec, Toleration,
+    PodTemplateSpec, Taint, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use skerry_api::pod::nodeaffinity::{NODE_SELECTOR_OP_IN, RequiredNodeAffinity};
+use skerry_api::pod::taints::{
+    find_matching_untolerated_taint, is_do_not_schedule_taint, is_no_execute_taint, taints_of,
+};
+use skerry_api::selector::LabelSelector;
 use skerry_client::cache::Indexer;
 use skerry_client::informer::SharedInformer;
+use skerry_client::retry::{Backoff, on_error};
 use skerry_client::workqueue::WorkQueue;
 use skerry_client::{Client, Error, PostParams, key_of};
 use tokio_util::sync::CancellationToken;
@@ -61,10 +67,10 @@ use crate::expectations::{Clock, SystemClock, UidTrackingControllerExpectations}
 use crate::hash::compute_hash;
 use crate::nodelifecycle::taints::{
     DISK_PRESSURE, MEMORY_PRESSURE, NETWORK_UNAVAILABLE, NO_EXECUTE, NO_SCHEDULE, NOT_READY,
-    PID_PRESSURE, UNREACHABLE, UNSCHEDULABLE, taints_of, tolerates,
+    PID_PRESSURE, UNREACHABLE, UNSCHEDULABLE,
 };
 use crate::podcontrol::{
-    CreatePodError, PodControl, SLOW_START_INITIAL_BATCH_SIZE, Selector, adopt_patch,
+    CreatePodError, PodControl, SLOW_START_INITIAL_BATCH_SIZE, adopt_patch,
     create_pod_from_template, is_namespace_terminating, release_patch, slow_start_batch,
 };
 use crate::runtime::{self, Reconciler};
@@ -83,14 +89,19 @@ pub const DEFAULT_WORKERS: usize = 2;
 
 /// Extra attempts at a status write that failed, after a fresh GET; past it the key is
 /// re-queued with backoff (Kubernetes' daemon `StatusUpdateRetries`).
-pub const STATUS_UPDATE_RETRIES: usize = 1;
+pub const STATUS_UPDATE_RETRIES: u32 = 1;
+
+/// The status write's schedule: Kubernetes' `storeDaemonSetStatus` writes again at once, on a
+/// fresh GET, whatever the error was, [`STATUS_UPDATE_RETRIES`] times (a failed GET ends it:
+/// it is the last run).
+const STATUS_UPDATE_BACKOFF: Backoff = Backoff::immediate(STATUS_UPDATE_RETRIES + 1);
 
 /// The label carrying the template hash a pod was created from (apps/v1
 /// `DefaultDaemonSetUniqueLabelKey`, the same key as `ControllerRevisionHashLabelKey`).
 pub const CONTROLLER_REVISION_HASH_LABEL: &str = "controller-revision-hash";
 
 /// The field a daemon pod's node affinity selects its node by (metav1 `ObjectNameField`).
-pub const OBJECT_NAME_FIELD: &str = "metadata.name";
+pub use skerry_api::pod::nodeaffinity::OBJECT_NAME_FIELD;
 
 /// maxUnavailable when the update strategy names none: the apps/v1 default.
 pub const DEFAULT_MAX_UNAVAILABLE: i32 = 1;
@@ -160,94 +171,11 @@ pub fn add_default_tolerations(spec: &mut PodSpec) {
     }
 }
 
-/// Whether a node-affinity label requirement holds for `labels` (Kubernetes'
-/// `nodeSelectorRequirementsAsSelector`; a malformed requirement matches nothing).
-fn label_requirement_matches(
-    r: &NodeSelectorRequirement,
-    labels: Option<&BTreeMap<String, String>>,
-) -> bool {
-    let value = labels.and_then(|l| l.get(&r.key));
-    let values = r.values.as_deref().unwrap_or_default();
-    match r.operator.as_str() {
-        "In" => !values.is_empty() && value.is_some_and(|v| values.contains(v)),
-        "NotIn" => !values.is_empty() && value.is_none_or(|v| !values.contains(v)),
-        "Exists" => values.is_empty() && value.is_some(),
-        "DoesNotExist" => values.is_empty() && value.is_none(),
-        op @ ("Gt" | "Lt") => {
-            let ([bound], Some(value)) = (values, value) else {
-                return false;
-            };
-            let (Ok(bound), Ok(value)) = (bound.parse::<i64>(), value.parse::<i64>()) else {
-                return false;
-            };
-            if op == "Gt" {
-                value > bound
-            } else {
-                value < bound
-            }
-        }
-        _ => false,
-    }
-}
-
-/// Whether a node-affinity field requirement holds for `node`: only `metadata.name` with
-/// `In` / `NotIn` is a valid field requirement.
-fn field_requirement_matches(r: &NodeSelectorRequirement, node: &Node) -> bool {
-    if r.key != OBJECT_NAME_FIELD {
-        return false;
-    }
-    let name = node.metadata.name.as_deref().unwrap_or_default();
-    let values = r.values.as_deref().unwrap_or_default();
-    match r.operator.as_str() {
-        "In" => values.iter().any(|v| v == name),
-        "NotIn" => !values.iter().any(|v| v == name),
-        _ => false,
-    }
-}
-
-/// Whether one node selector term selects `node`: all its requirements hold, and an empty
-/// term selects nothing (Kubernetes' `nodeSelectorTerm.match`).
-pub fn node_selector_term_matches(term: &NodeSelectorTerm, node: &Node) -> bool {
-    let expressions = term.match_expressions.as_deref().unwrap_or_default();
-    let fields = term.match_fields.as_deref().unwrap_or_default();
-    if expressions.is_empty() && fields.is_empty() {
-        return false;
-    }
-    let labels = node.metadata.labels.as_ref();
-    expressions
-        .iter()
-        .all(|r| label_requirement_matches(r, labels))
-        && fields.iter().all(|r| field_requirement_matches(r, node))
-}
-
 /// Whether `spec`'s `nodeSelector` and required node affinity select `node` (Kubernetes'
-/// `nodeaffinity.GetRequiredNodeAffinity(pod).Match(node)`): the terms are ORed, and a
-/// required affinity with no terms selects nothing.
+/// `nodeaffinity.GetRequiredNodeAffinity(pod).Match(node)`, its parse errors ignored as the
+/// DaemonSet controller ignores them: [`RequiredNodeAffinity`], shared with the scheduler).
 pub fn node_affinity_matches(spec: &PodSpec, node: &Node) -> bool {
-    let labels = node.metadata.labels.as_ref();
-    let selector_ok = spec
-        .node_selector
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
-    if !selector_ok {
-        return false;
-    }
-    let required = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| {
-            n.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        });
-    match required {
-        None => true,
-        Some(selector) => selector
-            .node_selector_terms
-            .iter()
-            .any(|t| node_selector_term_matches(t, node)),
-    }
+    RequiredNodeAffinity::from_spec(spec).matches(node)
 }
 
 /// Whether `node` should run a daemon pod of `ds` (Kubernetes' `NodeShouldRunDaemonPod` and
@@ -269,17 +197,14 @@ pub fn node_should_run_daemon_pod(node: &Node, ds: &DaemonSet) -> NodeFit {
         };
     }
     let tolerations = spec.tolerations.as_deref().unwrap_or_default();
-    let untolerated = |effects: &[&str]| {
-        taints_of(node).iter().any(|taint| {
-            effects.contains(&taint.effect.as_str())
-                && !tolerations.iter().any(|t| tolerates(t, taint))
-        })
+    let untolerated = |inclusion: fn(&Taint) -> bool| {
+        find_matching_untolerated_taint(taints_of(node), tolerations, inclusion).is_some()
     };
-    if untolerated(&[NO_SCHEDULE, NO_EXECUTE]) {
+    if untolerated(is_do_not_schedule_taint) {
         // A pod already here stays unless a NoExecute taint would evict it anyway.
         return NodeFit {
             should_run: false,
-            should_continue_running: !untolerated(&[NO_EXECUTE]),
+            should_continue_running: !untolerated(is_no_execute_taint),
         };
     }
     NodeFit {
@@ -300,7 +225,7 @@ pub fn replace_node_name_affinity(affinity: Option<Affinity>, node_name: &str) -
         match_expressions: None,
         match_fields: Some(vec![NodeSelectorRequirement {
             key: OBJECT_NAME_FIELD.to_string(),
-            operator: "In".to_string(),
+            operator: NODE_SELECTOR_OP_IN.to_string(),
             values: Some(vec![node_name.to_string()]),
         }]),
     };
@@ -332,7 +257,7 @@ pub fn target_node_name(pod: &Pod) -> Option<&str> {
     terms
         .iter()
         .flat_map(|t| t.match_fields.iter().flatten())
-        .find(|r| r.key == OBJECT_NAME_FIELD && r.operator == "In")
+        .find(|r| r.key == OBJECT_NAME_FIELD && r.operator == NODE_SELECTOR_OP_IN)
         .and_then(|r| match r.values.as_deref() {
             Some([name]) => Some(name.as_str()),
             _ => None,
@@ -657,8 +582,14 @@ pub enum Claim {
 
 /// The claim decision for `pod` by `owner`, whose selector is `selector` and whose
 /// additional membership test (a StatefulSet's name prefix) is `member`.
-pub fn claim_decision(owner: &ObjectMeta, selector: &Selector, member: bool, pod: &Pod) -> Claim {
-    let selected = member && !selector.is_empty() && selector.matches(pod.metadata.labels.as_ref());
+pub fn claim_decision(
+    owner: &ObjectMeta,
+    selector: &LabelSelector,
+    member: bool,
+    pod: &Pod,
+) -> Claim {
+    let selected =
+        member && !selector.is_empty() && selector.matches_opt(pod.metadata.labels.as_ref());
     let owner_deleting = owner.deletion_timestamp.is_some();
     match controller_of(&pod.metadata) {
         Some(r) if Some(r.uid.as_str()) != owner.uid.as_deref() => Claim::Ignore,
@@ -681,7 +612,7 @@ pub(crate) async fn claim_pods(
     control: &dyn PodControl,
     owner: &ObjectMeta,
     controller_ref: &OwnerReference,
-    selector: &Selector,
+    selector: &LabelSelector,
     pods: Vec<Arc<Pod>>,
     is_member: impl Fn(&Pod) -> bool,
     recheck: impl AsyncFnOnce() -> Result<(), String>,
@@ -924,8 +855,8 @@ impl DaemonSetController {
             .into_iter()
             .filter(|ds| {
                 ds.spec.as_ref().is_some_and(|s| {
-                    Selector::from_label_selector(&s.selector).is_ok_and(|sel| {
-                        !sel.is_empty() && sel.matches(pod.metadata.labels.as_ref())
+                    LabelSelector::from_api(&s.selector).is_ok_and(|sel| {
+                        !sel.is_empty() && sel.matches_opt(pod.metadata.labels.as_ref())
                     })
                 })
             })
@@ -1064,7 +995,7 @@ impl DaemonSetController {
         let selector = match ds
             .spec
             .as_ref()
-            .map(|s| Selector::from_label_selector(&s.selector))
+            .map(|s| LabelSelector::from_api(&s.selector).map_err(|e| e.message))
         {
             Some(Ok(s)) if !s.is_empty() => s,
             // Retrying cannot fix a selector; the next update of the DaemonSet will.
@@ -1112,7 +1043,7 @@ impl DaemonSetController {
     async fn claim(
         &self,
         ds: &DaemonSet,
-        selector: &Selector,
+        selector: &LabelSelector,
         namespace: &str,
     ) -> anyhow::Result<Vec<Arc<Pod>>> {
         let controller_ref = util::controller_ref(API_VERSION, KIND, &ds.metadata);
@@ -1273,33 +1204,32 @@ impl DaemonSetController {
         if ds.status.as_ref() == Some(&status) {
             return Ok(());
         }
-        let mut target = ds.clone();
-        for attempt in 0..=STATUS_UPDATE_RETRIES {
-            if attempt > 0 {
-                let namespace = ds.metadata.namespace.as_deref().unwrap_or_default();
-                let name = ds.metadata.name.as_deref().unwrap_or_default();
-                target = self
-                    .daemon_set_client
-                    .get_daemon_set(namespace, name)
-                    .await
-                    .context("get daemonset for status update")?;
-            }
-            target.status = Some(status.clone());
-            match self
-                .daemon_set_client
-                .replace_daemon_set_status(&target)
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(e) if attempt == STATUS_UPDATE_RETRIES => {
-                    return Err(anyhow::Error::new(e).context("update daemonset status"));
+        let namespace = ds.metadata.namespace.as_deref().unwrap_or_default();
+        let name = ds.metadata.name.as_deref().unwrap_or_default();
+        let client = &self.daemon_set_client;
+        let (status, key) = (&status, &key);
+        let mut runs = 0;
+        on_error(
+            STATUS_UPDATE_BACKOFF,
+            // Any error: Kubernetes retries whatever made the write fail.
+            |_: &Error| true,
+            || {
+                runs += 1;
+                let fresh = runs > 1;
+                async move {
+                    let mut target = if fresh {
+                        tracing::debug!(daemonset = %key, "status update failed; retrying on a fresh copy");
+                        client.get_daemon_set(namespace, name).await?
+                    } else {
+                        ds.clone()
+                    };
+                    target.status = Some(status.clone());
+                    client.replace_daemon_set_status(&target).await.map(|_| ())
                 }
-                Err(e) => {
-                    tracing::debug!(daemonset = %key, error = %e, "status update failed; retrying on a fresh copy");
-                }
-            }
-        }
-        Ok(())
+            },
+        )
+        .await
+        .context("update daemonset status")
     }
 }
 
@@ -1614,6 +1544,38 @@ mod tests {
         };
         assert!(node_affinity_matches(&by_name, &hdd));
         assert!(!node_affinity_matches(&by_name, &ssd));
+    }
+
+    /// Where this controller's own copy of the node affinity rules disagreed with Kubernetes'
+    /// `nodeaffinity` (now the one copy in skerry-api), Kubernetes' reading holds.
+    #[test]
+    fn match_fields_follow_kubernetes_node_affinity() {
+        let n1 = node("n1", &[], vec![]);
+        let n2 = node("n2", &[], vec![]);
+        let by_fields = |fields: Vec<NodeSelectorRequirement>| PodSpec {
+            affinity: Some(Affinity {
+                node_affinity: Some(NodeAffinity {
+                    required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                        node_selector_terms: vec![NodeSelectorTerm {
+                            match_expressions: None,
+                            match_fields: Some(fields),
+                        }],
+                    }),
+                    preferred_during_scheduling_ignored_during_execution: None,
+                }),
+                ..Affinity::default()
+            }),
+            ..PodSpec::default()
+        };
+        // `In` with two names is not a field selector (it needs exactly one value): the term
+        // matches no node, where the old copy let the daemon run on both.
+        let two_names = by_fields(vec![requirement("metadata.name", "In", &["n1", "n2"])]);
+        assert!(!node_affinity_matches(&two_names, &n1));
+        assert!(!node_affinity_matches(&two_names, &n2));
+        // A field a node does not have reads as "": `NotIn ["true"]` holds, where the old copy
+        // refused every field but `metadata.name`.
+        let other_field = by_fields(vec![requirement("spec.unschedulable", "NotIn", &["true"])]);
+        assert!(node_affinity_matches(&other_field, &n1));
     }
 
     #[test]

@@ -44,6 +44,7 @@ use k8s_openapi::api::policy::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use skerry_api::selector::LabelSelector;
 use skerry_client::api::http_method::Method;
 use skerry_client::cache::Indexer;
 use skerry_client::events::object_reference;
@@ -54,7 +55,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::context::Context;
-use crate::podcontrol::{EventSink, NoEvents, Selector, SelectorError, event_recorder};
+use crate::podcontrol::{EventSink, NoEvents, event_recorder};
 use crate::runtime::{self, Reconciler};
 use crate::util::{self, Forward, controller_of, is_pod_ready};
 
@@ -518,10 +519,8 @@ pub fn selects(pdb: &PodDisruptionBudget, pod: &Pod) -> bool {
     if pdb.metadata.namespace != pod.metadata.namespace {
         return false;
     }
-    let Some(selector) = pdb.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
-        return false;
-    };
-    Selector::from_label_selector(selector).is_ok_and(|s| s.matches(pod.metadata.labels.as_ref()))
+    let selector = pdb.spec.as_ref().and_then(|s| s.selector.as_ref());
+    LabelSelector::from_api_opt(selector).is_ok_and(|s| s.matches_opt(pod.metadata.labels.as_ref()))
 }
 
 /// Kubernetes' `nonTerminatingPodHasStaleDisruptionCondition`: for a pod not being deleted,
@@ -613,8 +612,10 @@ fn verify_group_kind(
 /// Why one sync could not compute a budget's status.
 #[derive(Debug, thiserror::Error)]
 enum SyncError {
+    /// The budget's selector does not convert (Kubernetes' `LabelSelectorAsSelector`
+    /// message).
     #[error("{0}")]
-    Selector(#[from] SelectorError),
+    Selector(String),
     #[error(transparent)]
     ExpectedCount(#[from] ExpectedCountError),
     #[error("{}", crate::podcontrol::error_message(.0))]
@@ -893,7 +894,7 @@ impl DisruptionController {
             Err(e) => {
                 let message = format!("Failed to get pods: {e}");
                 self.events.event(&reference, "Warning", "NoPods", &message);
-                return Err(e.into());
+                return Err(e);
             }
         };
         if pods.is_empty() {
@@ -970,17 +971,18 @@ impl DisruptionController {
     }
 
     /// The namespace's pods `pdb` selects (Kubernetes' `getPodsForPdb`).
-    fn pods_for(&self, pdb: &PodDisruptionBudget) -> Result<Vec<Arc<Pod>>, SelectorError> {
+    fn pods_for(&self, pdb: &PodDisruptionBudget) -> Result<Vec<Arc<Pod>>, SyncError> {
         let namespace = pdb.metadata.namespace.as_deref().unwrap_or_default();
         let Some(selector) = pdb.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
             return Ok(Vec::new());
         };
-        let selector = Selector::from_label_selector(selector)?;
+        let selector =
+            LabelSelector::from_api(selector).map_err(|e| SyncError::Selector(e.message))?;
         Ok(self
             .pods
             .list_namespace(namespace)
             .into_iter()
-            .filter(|p| selector.matches(p.metadata.labels.as_ref()))
+            .filter(|p| selector.matches_opt(p.metadata.labels.as_ref()))
             .collect())
     }
 

@@ -37,6 +37,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use parking_lot::Mutex;
+use skerry_api::selector::set_matches;
 use skerry_client::cache::Indexer;
 use skerry_client::informer::{Deleted, EventHandler, SharedInformer};
 use skerry_client::workqueue::WorkQueue;
@@ -103,17 +104,6 @@ pub fn managed_selector(service: &Service) -> Option<&BTreeMap<String, String>> 
         return None;
     }
     spec.selector.as_ref()
-}
-
-/// Whether `labels` carry every pair of a Service selector (`labels.Set(sel).AsSelector()`:
-/// an empty selector matches every pod, as in Kubernetes).
-pub fn selector_matches(
-    selector: &BTreeMap<String, String>,
-    labels: Option<&BTreeMap<String, String>>,
-) -> bool {
-    selector
-        .iter()
-        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
 }
 
 /// The pod's IPs, from `status.podIPs`, else `status.podIP`.
@@ -255,8 +245,7 @@ pub fn services_for_pod(services: &Indexer<Service>, pod: &Pod) -> BTreeSet<Stri
         .list_namespace(namespace)
         .into_iter()
         .filter(|s| {
-            managed_selector(s)
-                .is_some_and(|sel| selector_matches(sel, pod.metadata.labels.as_ref()))
+            managed_selector(s).is_some_and(|sel| set_matches(sel, pod.metadata.labels.as_ref()))
         })
         .map(|s| key_of(s.as_ref()))
         .collect()
@@ -791,7 +780,7 @@ impl EndpointsController {
             .pods
             .list_namespace(namespace)
             .into_iter()
-            .filter(|p| selector_matches(selector, p.metadata.labels.as_ref()))
+            .filter(|p| set_matches(selector, p.metadata.labels.as_ref()))
             .collect();
         // Computed even when nothing is written, so the tracker sees every state.
         let trigger_time = self.trigger_times.compute(&service, &pods);

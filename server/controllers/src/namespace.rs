@@ -50,6 +50,7 @@ use skerry_api::catalogue::{self, ResourceInfo};
 use skerry_client::api::http_method::Method;
 use skerry_client::cache::Indexer;
 use skerry_client::informer::{Deleted, EventHandler, SharedInformer};
+use skerry_client::retry::{self, Backoff, DEFAULT_RETRY, on_error};
 use skerry_client::workqueue::rate_limiter::{
     DEFAULT_ITEM_BASE_DELAY, DEFAULT_OVERALL_BURST, DEFAULT_OVERALL_QPS,
 };
@@ -90,10 +91,18 @@ pub const DEFAULT_WORKERS: usize = 10;
 pub const RETRY_DELAY_MAX: Duration = Duration::from_secs(60);
 
 /// Re-reads and re-writes of the namespace after a 409 Conflict before the pass gives up and
-/// is retried with backoff. Kubernetes retries without bound; a bound keeps one pass finite
-/// when another writer (the other members' controllers during a leader change, a user) keeps
-/// winning, and 5 is far past any ordinary race.
-const CONFLICT_RETRIES_MAX: usize = 5;
+/// is retried with backoff. Kubernetes retries without bound (`retryOnConflictError`); a bound
+/// keeps one pass finite when another writer (the other members' controllers during a leader
+/// change, a user) keeps winning, and 5 is far past any ordinary race.
+const CONFLICT_RETRIES_MAX: u32 = 5;
+
+/// The schedule of those retries: client-go's `DefaultRetry` pauses (10 ms, 10 % jitter),
+/// which let the winner's write land before the re-read, over the first write and
+/// [`CONFLICT_RETRIES_MAX`] more.
+const CONFLICT_RETRY: Backoff = Backoff {
+    steps: CONFLICT_RETRIES_MAX + 1,
+    ..DEFAULT_RETRY
+};
 
 /// The condition types the controller maintains, in the order Kubernetes writes them
 /// (`conditionTypes` in `namespace_condition_updater.go`).
@@ -601,38 +610,61 @@ impl NamespaceController {
 
     /// Sets phase `Terminating` if the apiserver has not (Kubernetes'
     /// `updateNamespaceStatusFunc`), re-reading on conflict. `None`: the namespace is gone.
-    async fn ensure_terminating(
+    async fn ensure_terminating(&self, namespace: Namespace) -> anyhow::Result<Option<Namespace>> {
+        let api = &self.client.api::<Namespace>(None);
+        let name = &util::key(&namespace.metadata);
+        let namespace = &namespace;
+        let mut runs = 0;
+        on_error(CONFLICT_RETRY, retry::is_conflict, || {
+            runs += 1;
+            let fresh = runs > 1;
+            async move {
+                let Some(current) = self.latest(namespace, fresh).await? else {
+                    return Ok(None);
+                };
+                let phase = current.status.as_ref().and_then(|s| s.phase.as_deref());
+                if phase == Some("Terminating") {
+                    return Ok(Some(current));
+                }
+                let mut updated = current;
+                updated
+                    .status
+                    .get_or_insert_with(NamespaceStatus::default)
+                    .phase = Some("Terminating".to_string());
+                match api
+                    .replace_status(name, &PostParams::default(), &updated)
+                    .await
+                {
+                    Ok(stored) => Ok(Some(stored)),
+                    Err(e) if e.is_not_found() => Ok(None),
+                    Err(e) => Err(anyhow::Error::new(e)),
+                }
+            }
+        })
+        .await
+        .map_err(|e| {
+            if retry::is_conflict(&e) {
+                anyhow!(
+                    "setting namespace {name} Terminating conflicted {CONFLICT_RETRIES_MAX} times"
+                )
+            } else {
+                e.context("set the namespace's phase to Terminating")
+            }
+        })
+    }
+
+    /// The namespace one run of a conflict retry writes over: the pass's copy on the first
+    /// run (`fresh` false), the latest ([`Self::reread`]) on every later one.
+    async fn latest(
         &self,
-        mut namespace: Namespace,
+        namespace: &Namespace,
+        fresh: bool,
     ) -> anyhow::Result<Option<Namespace>> {
-        let api = self.client.api::<Namespace>(None);
-        let name = util::key(&namespace.metadata);
-        for _ in 0..=CONFLICT_RETRIES_MAX {
-            let phase = namespace.status.as_ref().and_then(|s| s.phase.as_deref());
-            if phase == Some("Terminating") {
-                return Ok(Some(namespace));
-            }
-            let mut updated = namespace.clone();
-            updated
-                .status
-                .get_or_insert_with(NamespaceStatus::default)
-                .phase = Some("Terminating".to_string());
-            match api
-                .replace_status(&name, &PostParams::default(), &updated)
-                .await
-            {
-                Ok(stored) => return Ok(Some(stored)),
-                Err(e) if e.is_not_found() => return Ok(None),
-                Err(e) if e.is_conflict() => match self.reread(&namespace).await? {
-                    Some(fresh) => namespace = fresh,
-                    None => return Ok(None),
-                },
-                Err(e) => return Err(e).context("set the namespace's phase to Terminating"),
-            }
+        if fresh {
+            self.reread(namespace).await
+        } else {
+            Ok(Some(namespace.clone()))
         }
-        Err(anyhow!(
-            "setting namespace {name} Terminating conflicted {CONFLICT_RETRIES_MAX} times"
-        ))
     }
 
     /// The namespace's latest state after a conflict; an error if it was deleted and
@@ -828,38 +860,49 @@ impl NamespaceController {
     /// Removes [`FINALIZER_KUBERNETES`] from `spec.finalizers` through the `finalize`
     /// subresource, re-reading on conflict (Kubernetes' `finalizeNamespace`). With no
     /// finalizer left, the apiserver removes the namespace.
-    async fn finalize(&self, mut namespace: Namespace) -> anyhow::Result<()> {
-        let api = self.client.api::<Namespace>(None);
-        let name = util::key(&namespace.metadata);
-        for _ in 0..=CONFLICT_RETRIES_MAX {
-            let mut finalize = Namespace {
-                metadata: namespace.metadata.clone(),
-                spec: namespace.spec.clone(),
-                status: None,
-            };
-            finalize
-                .spec
-                .get_or_insert_with(Default::default)
-                .finalizers = Some(finalizers_after_finalize(&namespace));
-            let body = serde_json::to_value(&finalize).context("encode the namespace")?;
-            match api
-                .subresource(Method::Put, &name, "finalize", Some(&body))
-                .await
-            {
-                Ok(_) => return Ok(()),
-                // Someone else finished the deletion.
-                Err(e) if e.is_not_found() => return Ok(()),
-                Err(e) if e.is_conflict() => match self.reread(&namespace).await? {
-                    Some(fresh) if finalized(&fresh) => return Ok(()),
-                    Some(fresh) => namespace = fresh,
-                    None => return Ok(()),
-                },
-                Err(e) => return Err(e).context("finalize the namespace"),
+    async fn finalize(&self, namespace: Namespace) -> anyhow::Result<()> {
+        let api = &self.client.api::<Namespace>(None);
+        let name = &util::key(&namespace.metadata);
+        let namespace = &namespace;
+        let mut runs = 0;
+        on_error(CONFLICT_RETRY, retry::is_conflict, || {
+            runs += 1;
+            let fresh = runs > 1;
+            async move {
+                let current = match self.latest(namespace, fresh).await? {
+                    Some(current) if !finalized(&current) => current,
+                    // Gone, or finalized by someone else: done.
+                    _ => return Ok(()),
+                };
+                let mut finalize = Namespace {
+                    metadata: current.metadata.clone(),
+                    spec: current.spec.clone(),
+                    status: None,
+                };
+                finalize
+                    .spec
+                    .get_or_insert_with(Default::default)
+                    .finalizers = Some(finalizers_after_finalize(&current));
+                let body = serde_json::to_value(&finalize).context("encode the namespace")?;
+                match api
+                    .subresource(Method::Put, name, "finalize", Some(&body))
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    // Someone else finished the deletion.
+                    Err(e) if e.is_not_found() => Ok(()),
+                    Err(e) => Err(anyhow::Error::new(e)),
+                }
             }
-        }
-        Err(anyhow!(
-            "finalizing namespace {name} conflicted {CONFLICT_RETRIES_MAX} times"
-        ))
+        })
+        .await
+        .map_err(|e| {
+            if retry::is_conflict(&e) {
+                anyhow!("finalizing namespace {name} conflicted {CONFLICT_RETRIES_MAX} times")
+            } else {
+                e.context("finalize the namespace")
+            }
+        })
     }
 }
 

@@ -23,7 +23,7 @@ use std::future::Future;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde_json::{Value, json};
 use skerry_client::events::{EVENT_TYPE_NORMAL, EVENT_TYPE_WARNING, EventRecorder};
 use skerry_client::{Client, DeleteParams, Error, Patch, PatchParams, PostParams};
@@ -405,88 +405,11 @@ pub fn release_patch(owner_uid: &str, pod_uid: &str) -> Value {
     })
 }
 
-/// Why a `LabelSelector` is not a selector.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SelectorError {
-    /// An operator other than In, NotIn, Exists, DoesNotExist.
-    #[error("{0:?} is not a valid label selector operator")]
-    BadOperator(String),
-    /// In/NotIn without values, or Exists/DoesNotExist with values.
-    #[error("invalid values for operator {operator} on key {key:?}")]
-    BadValues {
-        /// The requirement's key.
-        key: String,
-        /// Its operator.
-        operator: String,
-    },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Requirement {
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    DoesNotExist(String),
-}
-
-/// A `metav1.LabelSelector` made into a matcher (Kubernetes' `LabelSelectorAsSelector`): an
-/// empty selector matches everything.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Selector {
-    requirements: Vec<Requirement>,
-}
-
-impl Selector {
-    /// Converts `selector`.
-    pub fn from_label_selector(selector: &LabelSelector) -> Result<Selector, SelectorError> {
-        let mut requirements = Vec::new();
-        for (k, v) in selector.match_labels.iter().flatten() {
-            requirements.push(Requirement::In(k.clone(), vec![v.clone()]));
-        }
-        for expr in selector.match_expressions.iter().flatten() {
-            let values = expr.values.clone().unwrap_or_default();
-            let bad = || SelectorError::BadValues {
-                key: expr.key.clone(),
-                operator: expr.operator.clone(),
-            };
-            let key = expr.key.clone();
-            let req = match expr.operator.as_str() {
-                "In" if !values.is_empty() => Requirement::In(key, values),
-                "NotIn" if !values.is_empty() => Requirement::NotIn(key, values),
-                "Exists" if values.is_empty() => Requirement::Exists(key),
-                "DoesNotExist" if values.is_empty() => Requirement::DoesNotExist(key),
-                "In" | "NotIn" | "Exists" | "DoesNotExist" => return Err(bad()),
-                other => return Err(SelectorError::BadOperator(other.to_string())),
-            };
-            requirements.push(req);
-        }
-        Ok(Selector { requirements })
-    }
-
-    /// Whether the selector has no requirements (and so matches everything).
-    pub fn is_empty(&self) -> bool {
-        self.requirements.is_empty()
-    }
-
-    /// Whether `labels` satisfy every requirement.
-    pub fn matches(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
-        let get = |k: &str| labels.and_then(|l| l.get(k));
-        self.requirements.iter().all(|r| match r {
-            Requirement::In(k, vs) => get(k).is_some_and(|v| vs.contains(v)),
-            Requirement::NotIn(k, vs) => get(k).is_none_or(|v| !vs.contains(v)),
-            Requirement::Exists(k) => get(k).is_some(),
-            Requirement::DoesNotExist(k) => get(k).is_none(),
-        })
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a test panics to fail")]
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{Container, PodSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -596,55 +519,6 @@ mod tests {
         assert_eq!(pod_name_prefix("a"), "a-");
         let long = "x".repeat(POD_NAME_PREFIX_MAX);
         assert_eq!(pod_name_prefix(&long), long);
-    }
-
-    #[test]
-    fn selectors_match_as_kubernetes() {
-        let sel = Selector::from_label_selector(&LabelSelector {
-            match_labels: Some(labels(&[("app", "web")])),
-            match_expressions: Some(vec![
-                LabelSelectorRequirement {
-                    key: "tier".into(),
-                    operator: "In".into(),
-                    values: Some(vec!["a".into(), "b".into()]),
-                },
-                LabelSelectorRequirement {
-                    key: "canary".into(),
-                    operator: "DoesNotExist".into(),
-                    values: None,
-                },
-            ]),
-        })
-        .unwrap();
-        assert!(sel.matches(Some(&labels(&[("app", "web"), ("tier", "b")]))));
-        assert!(!sel.matches(Some(&labels(&[("app", "web"), ("tier", "c")]))));
-        assert!(!sel.matches(Some(&labels(&[
-            ("app", "web"),
-            ("tier", "a"),
-            ("canary", "1")
-        ]))));
-        assert!(!sel.matches(None));
-        let everything = Selector::from_label_selector(&LabelSelector::default()).unwrap();
-        assert!(everything.is_empty());
-        assert!(everything.matches(None));
-        let bad = Selector::from_label_selector(&LabelSelector {
-            match_labels: None,
-            match_expressions: Some(vec![LabelSelectorRequirement {
-                key: "k".into(),
-                operator: "Near".into(),
-                values: None,
-            }]),
-        });
-        assert_eq!(bad, Err(SelectorError::BadOperator("Near".into())));
-        let bad = Selector::from_label_selector(&LabelSelector {
-            match_labels: None,
-            match_expressions: Some(vec![LabelSelectorRequirement {
-                key: "k".into(),
-                operator: "In".into(),
-                values: Some(vec![]),
-            }]),
-        });
-        assert!(matches!(bad, Err(SelectorError::BadValues { .. })));
     }
 
     #[test]

@@ -36,9 +36,11 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use skerry_api::selector::LabelSelector;
 use skerry_client::cache::Indexer;
 use skerry_client::events::object_reference;
 use skerry_client::informer::SharedInformer;
+use skerry_client::retry::{Backoff, on_error};
 use skerry_client::workqueue::WorkQueue;
 use skerry_client::{Client, Error, PostParams, key_of};
 use tokio_util::sync::CancellationToken;
@@ -47,7 +49,7 @@ use tracing::Instrument as _;
 use crate::context::Context;
 use crate::expectations::{Clock, SystemClock, UidTrackingControllerExpectations};
 use crate::podcontrol::{
-    EventSink, NoEvents, PodControl, SLOW_START_INITIAL_BATCH_SIZE, Selector, adopt_patch,
+    EventSink, NoEvents, PodControl, SLOW_START_INITIAL_BATCH_SIZE, adopt_patch,
     create_pod_from_template, event_recorder, is_namespace_terminating, record_pod_create,
     record_pod_delete, release_patch, slow_start_batch,
 };
@@ -69,7 +71,12 @@ pub const DEFAULT_WORKERS: usize = 5;
 
 /// Extra attempts at a status write that failed, after a fresh GET; past it the key is
 /// re-queued with backoff instead (Kubernetes' `statusUpdateRetries`).
-pub const STATUS_UPDATE_RETRIES: usize = 1;
+pub const STATUS_UPDATE_RETRIES: u32 = 1;
+
+/// The status write's schedule: Kubernetes' `updateReplicaSetStatus` writes again at once,
+/// on a fresh GET, whatever the error was, [`STATUS_UPDATE_RETRIES`] times (a failed GET ends
+/// it: it is the last run).
+const STATUS_UPDATE_BACKOFF: Backoff = Backoff::immediate(STATUS_UPDATE_RETRIES + 1);
 
 /// The annotation with which a user tells the controller which pods to delete first on a
 /// scale-down (lower first); an integer in int32 range, anything else counts as 0.
@@ -256,13 +263,13 @@ impl ReplicaSetController {
             .list_namespace(namespace)
             .into_iter()
             .filter(|rs| {
-                Selector::from_label_selector(
+                LabelSelector::from_api(
                     &rs.spec
                         .as_ref()
                         .map(|s| s.selector.clone())
                         .unwrap_or_default(),
                 )
-                .is_ok_and(|s| !s.is_empty() && s.matches(pod.metadata.labels.as_ref()))
+                .is_ok_and(|s| !s.is_empty() && s.matches_opt(pod.metadata.labels.as_ref()))
             })
             .collect()
     }
@@ -392,7 +399,7 @@ impl ReplicaSetController {
         // it reports are in the list below, never the other way round.
         let needs_sync = self.expectations.satisfied(key);
         let spec = rs.spec.clone().unwrap_or_default();
-        let selector = match Selector::from_label_selector(&spec.selector) {
+        let selector = match LabelSelector::from_api(&spec.selector) {
             Ok(s) => s,
             Err(e) => {
                 // Retrying cannot fix a bad selector; the next update of the ReplicaSet will.
@@ -451,7 +458,7 @@ impl ReplicaSetController {
     async fn claim_pods(
         &self,
         rs: &ReplicaSet,
-        selector: &Selector,
+        selector: &LabelSelector,
         pods: Vec<Arc<Pod>>,
     ) -> anyhow::Result<Vec<Arc<Pod>>> {
         let rs_uid = rs.metadata.uid.clone().unwrap_or_default();
@@ -465,7 +472,8 @@ impl ReplicaSetController {
         for pod in pods {
             let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
             let pod_uid = pod.metadata.uid.as_deref().unwrap_or_default();
-            let matches = !selector.is_empty() && selector.matches(pod.metadata.labels.as_ref());
+            let matches =
+                !selector.is_empty() && selector.matches_opt(pod.metadata.labels.as_ref());
             match controller_of(&pod.metadata) {
                 Some(r) if r.uid == rs_uid => {
                     if matches {
@@ -666,7 +674,7 @@ impl ReplicaSetController {
             if controller_of(&sibling.metadata).is_none_or(|r| r.uid != owner.uid) {
                 continue;
             }
-            let Ok(selector) = Selector::from_label_selector(
+            let Ok(selector) = LabelSelector::from_api(
                 &sibling
                     .spec
                     .as_ref()
@@ -677,7 +685,7 @@ impl ReplicaSetController {
             };
             for pod in &pods {
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
-                if selector.matches(pod.metadata.labels.as_ref()) && seen.insert(uid) {
+                if selector.matches_opt(pod.metadata.labels.as_ref()) && seen.insert(uid) {
                     related.push(pod.clone());
                 }
             }
@@ -701,32 +709,32 @@ impl ReplicaSetController {
             return Ok(rs.clone());
         }
         status.observed_generation = generation;
-        let mut target = rs.clone();
-        let mut attempt = 0;
-        loop {
-            target.status = Some(status.clone());
-            match self
-                .replica_set_client
-                .replace_replica_set_status(&target)
-                .await
-            {
-                Ok(updated) => return Ok(updated),
-                Err(e) if attempt >= STATUS_UPDATE_RETRIES => {
-                    return Err(anyhow::Error::new(e).context("update replicaset status"));
+        let namespace = rs.metadata.namespace.as_deref().unwrap_or_default();
+        let name = rs.metadata.name.as_deref().unwrap_or_default();
+        let client = &self.replica_set_client;
+        let status = &status;
+        let mut runs = 0;
+        on_error(
+            STATUS_UPDATE_BACKOFF,
+            // Any error: Kubernetes retries whatever made the write fail.
+            |_: &Error| true,
+            || {
+                runs += 1;
+                let fresh = runs > 1;
+                async move {
+                    let mut target = if fresh {
+                        tracing::debug!(replicaset = %key_of(rs), "status update failed; retrying on a fresh copy");
+                        client.get_replica_set(namespace, name).await?
+                    } else {
+                        rs.clone()
+                    };
+                    target.status = Some(status.clone());
+                    client.replace_replica_set_status(&target).await
                 }
-                Err(e) => {
-                    tracing::debug!(replicaset = %key_of(rs), error = %e, "status update failed; retrying on a fresh copy");
-                }
-            }
-            attempt += 1;
-            let namespace = rs.metadata.namespace.as_deref().unwrap_or_default();
-            let name = rs.metadata.name.as_deref().unwrap_or_default();
-            target = self
-                .replica_set_client
-                .get_replica_set(namespace, name)
-                .await
-                .context("get replicaset for status update")?;
-        }
+            },
+        )
+        .await
+        .context("update replicaset status")
     }
 }
 

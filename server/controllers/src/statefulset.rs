@@ -40,8 +40,10 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, Volume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use skerry_api::selector::LabelSelector;
 use skerry_client::cache::Indexer;
 use skerry_client::informer::SharedInformer;
+use skerry_client::retry::{Backoff, DEFAULT_RETRY, retry_on_conflict};
 use skerry_client::workqueue::WorkQueue;
 use skerry_client::{Client, Error, PostParams, key_of};
 use tokio_util::sync::CancellationToken;
@@ -50,7 +52,7 @@ use tracing::Instrument as _;
 use crate::context::Context;
 use crate::daemonset::{CONTROLLER_REVISION_HASH_LABEL, claim_pods};
 use crate::hash::compute_hash;
-use crate::podcontrol::{CreatePodError, PodControl, Selector, pod_from_template};
+use crate::podcontrol::{CreatePodError, PodControl, pod_from_template};
 use crate::runtime::{self, Reconciler};
 use crate::util::{
     self, Forward, controller_of, is_pod_available, is_pod_ready, resolve_controller_ref,
@@ -73,9 +75,10 @@ pub const ON_DELETE: &str = "OnDelete";
 /// `--concurrent-statefulset-syncs` default.
 pub const DEFAULT_WORKERS: usize = 5;
 
-/// Extra attempts at a status write that hit a conflict, each on a fresh GET: client-go's
-/// `retry.DefaultRetry` (5 steps), which the StatefulSet status updater uses.
-pub const STATUS_UPDATE_RETRIES: usize = 4;
+/// The retries of a status write that hit a conflict, each on a fresh GET: client-go's
+/// `retry.DefaultRetry` (five runs 10 ms apart), which Kubernetes' StatefulSet status
+/// updater (`realStatefulSetStatusUpdater`) wraps its write in.
+pub const STATUS_UPDATE_RETRY: Backoff = DEFAULT_RETRY;
 
 /// The longest revision-name prefix: a ControllerRevision name is a DNS subdomain (253) and
 /// the hash suffix needs the rest (Kubernetes' `ControllerRevisionName` truncates at 223).
@@ -664,8 +667,8 @@ impl StatefulSetController {
             .filter(|set| {
                 parse_ordinal(set_name(set), pod_name).is_some()
                     && set.spec.as_ref().is_some_and(|s| {
-                        Selector::from_label_selector(&s.selector).is_ok_and(|sel| {
-                            !sel.is_empty() && sel.matches(pod.metadata.labels.as_ref())
+                        LabelSelector::from_api(&s.selector).is_ok_and(|sel| {
+                            !sel.is_empty() && sel.matches_opt(pod.metadata.labels.as_ref())
                         })
                     })
             })
@@ -754,7 +757,7 @@ impl StatefulSetController {
         let selector = match set
             .spec
             .as_ref()
-            .map(|s| Selector::from_label_selector(&s.selector))
+            .map(|s| LabelSelector::from_api(&s.selector).map_err(|e| e.message))
         {
             Some(Ok(s)) if !s.is_empty() => s,
             // Retrying cannot fix a selector; the next update of the set will.
@@ -788,7 +791,7 @@ impl StatefulSetController {
     async fn claim(
         &self,
         set: &StatefulSet,
-        selector: &Selector,
+        selector: &LabelSelector,
         namespace: &str,
     ) -> anyhow::Result<Vec<Arc<Pod>>> {
         let controller_ref = util::controller_ref(API_VERSION, KIND, &set.metadata);
@@ -886,32 +889,32 @@ impl StatefulSetController {
         }
         let namespace = set.metadata.namespace.as_deref().unwrap_or_default();
         let name = set_name(set);
-        let mut target = set.clone();
-        for attempt in 0..=STATUS_UPDATE_RETRIES {
-            if attempt > 0 {
-                target = self
-                    .stateful_set_client
-                    .get_stateful_set(namespace, name)
-                    .await
-                    .context("get statefulset for status update")?;
-            }
-            target.status = Some(status.clone());
-            match self
-                .stateful_set_client
-                .replace_stateful_set_status(&target)
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(e) if e.is_conflict() && attempt < STATUS_UPDATE_RETRIES => {
+        let client = &self.stateful_set_client;
+        let status = &status;
+        let mut runs = 0;
+        retry_on_conflict(STATUS_UPDATE_RETRY, || {
+            runs += 1;
+            // The cached copy first; after a conflict, the winner's.
+            let fresh = runs > 1;
+            async move {
+                let mut target = if fresh {
                     tracing::debug!(
                         statefulset = name,
                         "status update conflicted; retrying on a fresh copy"
                     );
-                }
-                Err(e) => return Err(anyhow::Error::new(e).context("update statefulset status")),
+                    client.get_stateful_set(namespace, name).await?
+                } else {
+                    set.clone()
+                };
+                target.status = Some(status.clone());
+                client
+                    .replace_stateful_set_status(&target)
+                    .await
+                    .map(|_| ())
             }
-        }
-        Ok(())
+        })
+        .await
+        .context("update statefulset status")
     }
 }
 
@@ -1364,6 +1367,10 @@ mod tests {
         sets: Indexer<StatefulSet>,
         /// Every write, in order: "create claim X", "create pod X", "delete pod X".
         log: Mutex<Vec<String>>,
+        /// Status writes still to answer with 409 Conflict (another writer keeps winning).
+        status_conflicts: Mutex<usize>,
+        /// Status writes and live GETs made, in order: "put status", "get".
+        status_calls: Mutex<Vec<&'static str>>,
     }
 
     impl PodControl for Fake {
@@ -1422,6 +1429,7 @@ mod tests {
             name: &'a str,
         ) -> BoxFuture<'a, Result<StatefulSet, Error>> {
             Box::pin(async move {
+                self.status_calls.lock().push("get");
                 self.sets
                     .get_by(namespace, name)
                     .map(|s| (*s).clone())
@@ -1433,6 +1441,12 @@ mod tests {
             set: &'a StatefulSet,
         ) -> BoxFuture<'a, Result<StatefulSet, Error>> {
             Box::pin(async move {
+                self.status_calls.lock().push("put status");
+                let mut conflicts = self.status_conflicts.lock();
+                if *conflicts > 0 {
+                    *conflicts -= 1;
+                    return Err(api_error(409, "Conflict"));
+                }
                 self.sets.upsert(&key_of(set), Arc::new(set.clone()));
                 Ok(set.clone())
             })
@@ -1457,6 +1471,8 @@ mod tests {
             pods: Indexer::new(),
             sets: Indexer::new(),
             log: Mutex::new(Vec::new()),
+            status_conflicts: Mutex::new(0),
+            status_calls: Mutex::new(Vec::new()),
         });
         fake.sets.upsert(&key_of(&set), Arc::new(set));
         let controller = StatefulSetController::from_parts(Parts {
@@ -1467,6 +1483,47 @@ mod tests {
             claims_served: claims,
         });
         (controller, fake)
+    }
+
+    // The status write is client-go's `RetryOnConflict(DefaultRetry)`: a conflict is
+    // retried on a fresh GET, 10 ms later, up to five runs in all; then the conflict is the
+    // sync's error (and the key goes back to the queue with backoff).
+    #[tokio::test(start_paused = true)]
+    async fn status_writes_retry_conflicts_on_a_fresh_copy_five_times_at_most() {
+        let set = stateful_set("web", 1);
+        let status = StatefulSetStatus {
+            replicas: 1,
+            ..StatefulSetStatus::default()
+        };
+        let (c, fake) = harness(set.clone(), false);
+        *fake.status_conflicts.lock() = 2;
+        c.update_status(&set, status.clone()).await.unwrap();
+        assert_eq!(
+            *fake.status_calls.lock(),
+            vec!["put status", "get", "put status", "get", "put status"]
+        );
+        assert_eq!(
+            fake.sets.get_by(NS, "web").unwrap().status.as_ref(),
+            Some(&status)
+        );
+
+        let (c, fake) = harness(set.clone(), false);
+        *fake.status_conflicts.lock() = usize::MAX;
+        let start = tokio::time::Instant::now();
+        let e = c.update_status(&set, status).await.unwrap_err();
+        assert!(skerry_client::retry::is_conflict(&e), "{e:#}");
+        let puts = fake
+            .status_calls
+            .lock()
+            .iter()
+            .filter(|c| **c == "put status")
+            .count();
+        assert_eq!(puts, 5);
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(40) && waited <= Duration::from_millis(44),
+            "{waited:?}"
+        );
     }
 
     fn make_ready(fake: &Fake, name: &str) {

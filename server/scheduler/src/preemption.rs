@@ -49,7 +49,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector as ApiLabelSel
 use k8s_openapi::jiff::Timestamp;
 use rand::Rng;
 use serde_json::json;
-use skerry_api::selector::{LabelOp, LabelSelector};
+use skerry_api::selector::LabelSelector;
 use skerry_client::events::{EVENT_TYPE_NORMAL, EventRecorder, object_reference};
 use skerry_client::{Api, Client, DeleteParams, Patch, PatchParams};
 use tracing::{debug, info, warn};
@@ -227,32 +227,13 @@ pub fn lower_priority_nominated_pods(preemptor: &Pod, nominated: &[Arc<Pod>]) ->
         .collect()
 }
 
-/// A `metav1.LabelSelector` as Kubernetes' `LabelSelectorAsSelector` reads it for PDBs:
-/// `None` when the selector is invalid, absent or empty, all of which match no pod (a PDB
-/// with an empty selector protects nothing).
+/// A PDB's selector as Kubernetes' preemption reads it (`filterPodsWithPDBViolation`:
+/// `LabelSelectorAsSelector`, then "a PDB with a nil or empty selector matches nothing"):
+/// `None` when the selector is invalid, absent or empty.
 fn pdb_selector(selector: Option<&ApiLabelSelector>) -> Option<LabelSelector> {
-    let selector = selector?;
-    let mut requirements = Vec::new();
-    for (key, value) in selector.match_labels.iter().flatten() {
-        requirements.push((key.clone(), LabelOp::Equals(value.clone())));
-    }
-    for expression in selector.match_expressions.iter().flatten() {
-        let values = expression.values.clone().unwrap_or_default();
-        let op = match expression.operator.as_str() {
-            "In" if !values.is_empty() => LabelOp::In(values),
-            "NotIn" if !values.is_empty() => LabelOp::NotIn(values),
-            "Exists" if values.is_empty() => LabelOp::Exists,
-            "DoesNotExist" if values.is_empty() => LabelOp::DoesNotExist,
-            // An unknown operator or a value list that contradicts the operator makes the
-            // selector invalid; Kubernetes then treats the PDB as matching nothing.
-            _ => return None,
-        };
-        requirements.push((expression.key.clone(), op));
-    }
-    if requirements.is_empty() {
-        return None;
-    }
-    Some(LabelSelector { requirements })
+    LabelSelector::from_api(selector?)
+        .ok()
+        .filter(|s| !s.is_empty())
 }
 
 /// Splits `pods` (kept in their order) into those whose eviction would violate a PDB and

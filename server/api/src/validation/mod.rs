@@ -370,40 +370,28 @@ pub(crate) fn selector_is_empty(selector: &Value) -> bool {
         && array_of(selector, "matchExpressions").is_empty()
 }
 
-/// Whether `labels` satisfies `selector` (metav1 `LabelSelectorAsSelector` + `Matches`).
-/// A missing selector matches nothing, an empty one everything.
+/// Whether `labels` satisfies `selector` (metav1 `LabelSelectorAsSelector` + `Matches`, through
+/// [`crate::selector::LabelSelector`], the one matcher). A missing selector matches nothing,
+/// an empty one everything, one that does not convert nothing (its own errors are reported by
+/// `validate_label_selector`).
 pub fn selector_matches(selector: Option<&Value>, labels: Option<&Map<String, Value>>) -> bool {
     let Some(selector) = selector.filter(|s| s.is_object()) else {
         return false;
     };
-    let empty = Map::new();
-    let labels = labels.unwrap_or(&empty);
-    let label = |k: &str| labels.get(k).and_then(Value::as_str);
-    if let Some(match_labels) = map_of(selector, "matchLabels") {
-        for (k, v) in match_labels {
-            if label(k) != v.as_str() {
-                return false;
-            }
-        }
-    }
-    for expr in array_of(selector, "matchExpressions") {
-        let k = str_of(expr, "key");
-        let values: Vec<&str> = array_of(expr, "values")
-            .iter()
-            .filter_map(Value::as_str)
-            .collect();
-        let ok = match str_of(expr, "operator") {
-            "In" => label(k).is_some_and(|v| values.contains(&v)),
-            "NotIn" => label(k).is_none_or(|v| !values.contains(&v)),
-            "Exists" => label(k).is_some(),
-            "DoesNotExist" => label(k).is_none(),
-            _ => false,
-        };
-        if !ok {
-            return false;
-        }
-    }
-    true
+    let Ok(selector) = serde_json::from_value::<
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    >(selector.clone()) else {
+        return false;
+    };
+    let Ok(selector) = crate::selector::LabelSelector::from_api(&selector) else {
+        return false;
+    };
+    let labels: std::collections::BTreeMap<String, String> = labels
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
+        .collect();
+    selector.matches(&labels)
 }
 
 #[cfg(test)]

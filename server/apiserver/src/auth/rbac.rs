@@ -407,12 +407,23 @@ pub fn aggregate_cluster_roles(roles: &mut [ClusterRole]) {
                 continue;
             };
             let own_name = roles[index].metadata.name.clone().unwrap_or_default();
+            // A selector that does not convert fails the role's whole sync in Kubernetes'
+            // controller, which then leaves the role's rules as they are.
+            let Ok(selectors) = rule
+                .cluster_role_selectors
+                .iter()
+                .flatten()
+                .map(skerry_api::selector::LabelSelector::from_api)
+                .collect::<Result<Vec<_>, _>>()
+            else {
+                continue;
+            };
             let mut aggregated: Vec<PolicyRule> = Vec::new();
-            for selector in rule.cluster_role_selectors.iter().flatten() {
+            for selector in &selectors {
                 let mut picked: Vec<&ClusterRole> = roles
                     .iter()
                     .filter(|r| r.metadata.name.as_deref().unwrap_or_default() != own_name)
-                    .filter(|r| selector_matches(selector, r.metadata.labels.as_ref()))
+                    .filter(|r| selector.matches_opt(r.metadata.labels.as_ref()))
                     .collect();
                 picked.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
                 for role in picked {
@@ -435,35 +446,14 @@ pub fn aggregate_cluster_roles(roles: &mut [ClusterRole]) {
 }
 
 /// Whether a label selector picks an object with `labels` (Kubernetes'
-/// `LabelSelectorAsSelector`: an empty selector picks everything; an unknown operator picks
+/// `LabelSelectorAsSelector` through [`skerry_api::selector::LabelSelector`]: an empty
+/// selector picks everything; one that does not convert, such as an unknown operator, picks
 /// nothing).
 pub fn selector_matches(
     selector: &LabelSelector,
     labels: Option<&BTreeMap<String, String>>,
 ) -> bool {
-    let empty = BTreeMap::new();
-    let labels = labels.unwrap_or(&empty);
-    let labels_match = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(key, value)| labels.get(key) == Some(value));
-    labels_match
-        && selector
-            .match_expressions
-            .iter()
-            .flatten()
-            .all(|requirement| {
-                let values = requirement.values.as_deref().unwrap_or_default();
-                let value = labels.get(&requirement.key);
-                match requirement.operator.as_str() {
-                    "In" => value.is_some_and(|v| values.contains(v)),
-                    "NotIn" => value.is_none_or(|v| !values.contains(v)),
-                    "Exists" => value.is_some(),
-                    "DoesNotExist" => value.is_none(),
-                    _ => false,
-                }
-            })
+    skerry_api::selector::LabelSelector::from_api(selector).is_ok_and(|s| s.matches_opt(labels))
 }
 
 /// The owner references of an object being written that newly block their owner's deletion:
@@ -1127,6 +1117,52 @@ mod tests {
             Some(vec![read, write]),
             "union without duplicates, by name"
         );
+    }
+
+    /// The copy of the selector matcher this file had read an invalid selector as "picks
+    /// nothing" and went on aggregating the role's other selectors; Kubernetes' controller
+    /// fails the role's sync on it and leaves the role's rules as they are.
+    #[test]
+    fn an_invalid_aggregation_selector_leaves_the_role_as_it_is() {
+        let read = rule(&["get"], &[""], &["pods"]);
+        let own = rule(&["list"], &[""], &["pods"]);
+        let selector = |operator: &str| LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "to-outer".into(),
+                operator: operator.into(),
+                values: None,
+            }]),
+        };
+        let mut roles = vec![
+            ClusterRole {
+                metadata: ObjectMeta {
+                    name: Some("outer".into()),
+                    ..ObjectMeta::default()
+                },
+                rules: Some(vec![own.clone()]),
+                aggregation_rule: Some(AggregationRule {
+                    cluster_role_selectors: Some(vec![selector("Exists"), selector("Near")]),
+                }),
+            },
+            ClusterRole {
+                metadata: ObjectMeta {
+                    name: Some("read".into()),
+                    labels: Some([("to-outer".to_string(), "true".to_string())].into()),
+                    ..ObjectMeta::default()
+                },
+                rules: Some(vec![read.clone()]),
+                aggregation_rule: None,
+            },
+        ];
+        aggregate_cluster_roles(&mut roles);
+        assert_eq!(roles[0].rules, Some(vec![own]), "unchanged");
+        // With the valid selector alone it aggregates.
+        roles[0].aggregation_rule = Some(AggregationRule {
+            cluster_role_selectors: Some(vec![selector("Exists")]),
+        });
+        aggregate_cluster_roles(&mut roles);
+        assert_eq!(roles[0].rules, Some(vec![read]));
     }
 
     #[test]

@@ -12,7 +12,7 @@
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::spec::{name, selector, selects, uid};
+use super::spec::{checked_selector, name, selector, selects, uid};
 use super::sync::{Run, SyncError, Writes};
 use crate::util::{controller_of, controller_ref};
 
@@ -54,6 +54,7 @@ impl<W: Writes> Run<'_, W> {
         &mut self,
         in_namespace: Vec<ReplicaSet>,
     ) -> Result<Vec<ReplicaSet>, SyncError> {
+        checked_selector(&self.d).map_err(SyncError::InvalidSelector)?;
         let sel = selector(&self.d).cloned().unwrap_or_default();
         let mut claimed = Vec::new();
         let mut first_error: Option<SyncError> = None;

@@ -5,7 +5,6 @@
 //! rollout arithmetic relies on (Kubernetes' `controller.ReplicaSetsBy*`).
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, ReplicaSet};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
@@ -263,31 +262,6 @@ pub fn by_size_newer(a: &ReplicaSet, b: &ReplicaSet) -> Ordering {
         .then_with(|| by_creation(b, a))
 }
 
-/// Whether `labels` satisfy `selector` (metav1 `LabelSelectorAsSelector` + `Matches`). An
-/// expression with an unknown operator matches nothing, as Kubernetes refuses to build it.
-pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    if let Some(match_labels) = &selector.match_labels
-        && match_labels.iter().any(|(k, v)| labels.get(k) != Some(v))
-    {
-        return false;
-    }
-    for expr in selector.match_expressions.iter().flatten() {
-        let value = labels.get(&expr.key);
-        let values = expr.values.as_deref().unwrap_or_default();
-        let ok = match expr.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            _ => false,
-        };
-        if !ok {
-            return false;
-        }
-    }
-    true
-}
-
 /// Whether the selector selects everything (`{}`): the controller refuses to act on such a
 /// Deployment rather than adopt every ReplicaSet in the namespace.
 pub fn selector_is_empty(selector: &LabelSelector) -> bool {
@@ -298,20 +272,38 @@ pub fn selector_is_empty(selector: &LabelSelector) -> bool {
             .is_none_or(|e| e.is_empty())
 }
 
-/// Whether the selector matches the object's labels.
+/// Whether the selector matches the object's labels ([`skerry_api::selector::LabelSelector`],
+/// the one matcher; a selector that does not convert matches nothing, and
+/// [`checked_selector`] stops the sync before it gets here).
 pub fn selects(
     selector: &LabelSelector,
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
 ) -> bool {
-    let empty = BTreeMap::new();
-    selector_matches(selector, meta.labels.as_ref().unwrap_or(&empty))
+    skerry_api::selector::LabelSelector::from_api(selector)
+        .is_ok_and(|s| s.matches_opt(meta.labels.as_ref()))
+}
+
+/// The Deployment's selector, converted (Kubernetes' `LabelSelectorAsSelector` in
+/// `getReplicaSetsForDeployment`); the error is Kubernetes' `deployment <ns>/<name> has
+/// invalid label selector: ...`, and fails the sync before anything is adopted or released.
+pub fn checked_selector(d: &Deployment) -> Result<skerry_api::selector::LabelSelector, String> {
+    let selector = selector(d).cloned().unwrap_or_default();
+    skerry_api::selector::LabelSelector::from_api(&selector).map_err(|e| {
+        format!(
+            "deployment {}/{} has invalid label selector: {}",
+            d.metadata.namespace.as_deref().unwrap_or_default(),
+            name(&d.metadata),
+            e.message
+        )
+    })
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a test panics to fail")]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelectorRequirement, ObjectMeta};
+    use std::collections::BTreeMap;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -320,8 +312,24 @@ mod tests {
             .collect()
     }
 
+    fn deployment(selector: LabelSelector) -> Deployment {
+        Deployment {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("ns".into()),
+                labels: Some(labels(&[("app", "web")])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(DeploymentSpec {
+                selector,
+                ..DeploymentSpec::default()
+            }),
+            status: None,
+        }
+    }
+
     #[test]
-    fn selectors_match_labels_and_expressions() {
+    fn empty_selectors_and_what_they_select() {
         let sel = LabelSelector {
             match_labels: Some(labels(&[("app", "web")])),
             match_expressions: Some(vec![LabelSelectorRequirement {
@@ -330,17 +338,35 @@ mod tests {
                 values: Some(vec!["db".into()]),
             }]),
         };
-        assert!(selector_matches(&sel, &labels(&[("app", "web")])));
-        assert!(selector_matches(
-            &sel,
-            &labels(&[("app", "web"), ("tier", "fe")])
-        ));
-        assert!(!selector_matches(
-            &sel,
-            &labels(&[("app", "web"), ("tier", "db")])
-        ));
-        assert!(!selector_matches(&sel, &labels(&[("app", "api")])));
         assert!(!selector_is_empty(&sel));
         assert!(selector_is_empty(&LabelSelector::default()));
+        let d = deployment(sel.clone());
+        assert!(selects(&sel, &d.metadata));
+        assert!(
+            checked_selector(&d)
+                .unwrap()
+                .matches(&labels(&[("app", "web")]))
+        );
+    }
+
+    // The Deployment controller's own copy of the matcher read `NotIn` without values as
+    // "matches everything" and an unknown operator as "matches nothing" (and went on to
+    // release the ReplicaSets it owned); Kubernetes refuses the selector and fails the sync.
+    #[test]
+    fn an_invalid_selector_is_an_error_not_a_match() {
+        let sel = LabelSelector {
+            match_labels: Some(labels(&[("app", "web")])),
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "tier".into(),
+                operator: "NotIn".into(),
+                values: None,
+            }]),
+        };
+        let d = deployment(sel.clone());
+        assert!(!selects(&sel, &d.metadata));
+        assert_eq!(
+            checked_selector(&d).unwrap_err(),
+            "deployment ns/web has invalid label selector: values: Invalid value: []string(nil): for 'in', 'notin' operators, values set can't be empty"
+        );
     }
 }

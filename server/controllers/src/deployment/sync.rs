@@ -134,6 +134,10 @@ pub enum SyncError {
     /// The Deployment changed identity or started deleting while we were about to adopt.
     #[error("cannot adopt for deployment {0}: {1}")]
     CannotAdopt(String, &'static str),
+    /// The selector does not convert; nothing is claimed (Kubernetes'
+    /// `getReplicaSetsForDeployment` error).
+    #[error("{0}")]
+    InvalidSelector(String),
 }
 
 /// What a sync reads: one Deployment, and the ReplicaSets and pods of its namespace as the

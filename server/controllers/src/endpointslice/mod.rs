@@ -33,6 +33,7 @@ use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod,
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
+use skerry_api::selector::set_matches;
 use skerry_client::cache::Indexer;
 use skerry_client::informer::{Deleted, EventHandler, SharedInformer};
 use skerry_client::workqueue::WorkQueue;
@@ -42,8 +43,8 @@ use tracing::Instrument as _;
 
 use crate::context::Context;
 use crate::endpoints::{
-    LAST_CHANGE_TRIGGER_TIME_ANNOTATION, TriggerTimeTracker, managed_selector, selector_matches,
-    services_for_pod, services_for_pod_update,
+    LAST_CHANGE_TRIGGER_TIME_ANNOTATION, TriggerTimeTracker, managed_selector, services_for_pod,
+    services_for_pod_update,
 };
 use crate::runtime::{self, Reconciler};
 use crate::util;
@@ -313,7 +314,7 @@ impl EndpointSliceController {
             .pods
             .list_namespace(namespace)
             .into_iter()
-            .filter(|p| selector_matches(selector, p.metadata.labels.as_ref()))
+            .filter(|p| set_matches(selector, p.metadata.labels.as_ref()))
             .collect();
         let slices: Vec<Arc<EndpointSlice>> = self
             .slices

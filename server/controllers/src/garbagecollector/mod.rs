@@ -38,6 +38,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use parking_lot::Mutex;
 use skerry_api::ResourceInfo;
 use skerry_client::informer::{Deleted, EventHandler, SharedInformer};
+use skerry_client::retry::{Backoff, DEFAULT_BACKOFF, on_error};
 use skerry_client::workqueue::WorkQueue;
 use skerry_client::{ApiResource, Client, DeleteParams, PartialObjectMetadata, Patch, PatchParams};
 use tokio::sync::mpsc;
@@ -59,10 +60,10 @@ use graph::{
 /// `DefaultIgnoredResources`).
 pub const IGNORED_RESOURCES: &[(&str, &str)] = &[("", "events"), ("events.k8s.io", "events")];
 
-/// Attempts at removing a finalizer whose object changes under the patch: client-go's
-/// `retry.DefaultBackoff.Steps` (4), which Kubernetes' `removeFinalizer` retries with.
-/// After that the item goes back to its queue with backoff.
-pub const FINALIZER_PATCH_ATTEMPTS_MAX: usize = 4;
+/// The schedule of removing a finalizer whose object changes under the patch: client-go's
+/// `retry.DefaultBackoff` (four runs, 10 / 50 / 250 ms apart), which Kubernetes'
+/// `removeFinalizer` retries with. After that the item goes back to its queue with backoff.
+pub const FINALIZER_PATCH_BACKOFF: Backoff = DEFAULT_BACKOFF;
 
 /// The workers of each queue when the caller asks for none: kube-controller-manager's
 /// `--concurrent-gc-syncs` default is 20; a three-box cluster has far fewer objects.
@@ -641,7 +642,12 @@ impl GarbageCollector {
         identity: &Identity,
         finalizer: &'static str,
     ) -> Result<(), AttemptError> {
-        for _ in 0..FINALIZER_PATCH_ATTEMPTS_MAX {
+        // A failed `test` (422) or a write conflict: the object changed; read again.
+        let changed = |e: &AttemptError| {
+            matches!(e, AttemptError::Api { verb: REMOVE_FINALIZER, source, .. }
+                if source.is_conflict() || source.code() == Some(422))
+        };
+        on_error(FINALIZER_PATCH_BACKOFF, changed, || async {
             let Some(live) = self.get_object(identity).await? else {
                 return Ok(());
             };
@@ -658,25 +664,31 @@ impl GarbageCollector {
                 .patch(&identity.name, &PatchParams::default(), &Patch::Json(patch))
                 .await
             {
-                Ok(_) => return Ok(()),
-                Err(e) if e.is_not_found() => return Ok(()),
-                // A failed `test` (422) or a write conflict: the object changed; read again.
-                Err(e) if e.is_conflict() || e.code() == Some(422) => continue,
-                Err(source) => {
-                    return Err(AttemptError::Api {
-                        verb: "remove finalizer",
-                        item: identity.to_string(),
-                        source,
-                    });
-                }
+                Ok(_) => Ok(()),
+                Err(e) if e.is_not_found() => Ok(()),
+                Err(source) => Err(AttemptError::Api {
+                    verb: REMOVE_FINALIZER,
+                    item: identity.to_string(),
+                    source,
+                }),
             }
-        }
-        Err(AttemptError::FinalizerConflict {
-            item: identity.to_string(),
-            finalizer,
+        })
+        .await
+        .map_err(|e| {
+            if changed(&e) {
+                AttemptError::FinalizerConflict {
+                    item: identity.to_string(),
+                    finalizer,
+                }
+            } else {
+                e
+            }
         })
     }
 }
+
+/// The verb of a failed finalizer patch in [`AttemptError::Api`].
+const REMOVE_FINALIZER: &str = "remove finalizer";
 
 /// Ends a worker's turn on `item`. The collector's queues never drop an item: it leaves
 /// when it succeeds or when its node leaves the graph (Kubernetes' `requeueItem`).

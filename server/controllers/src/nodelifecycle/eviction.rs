@@ -11,8 +11,9 @@
 
 use k8s_openapi::api::core::v1::{Pod, Taint};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use skerry_api::pod::taints::{matching_toleration, tolerations_of};
 
-use super::taints::{NO_EXECUTE, tolerates};
+use super::taints::NO_EXECUTE;
 
 /// When a pod is to be evicted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,14 +38,10 @@ pub fn eviction_time(
     added_at: impl Fn(&Taint) -> Timestamp,
     now: Timestamp,
 ) -> Eviction {
-    let tolerations = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.tolerations.as_deref())
-        .unwrap_or_default();
+    let tolerations = tolerations_of(pod);
     let mut deadline: Option<Timestamp> = None;
     for taint in taints.iter().filter(|t| t.effect == NO_EXECUTE) {
-        let Some(toleration) = tolerations.iter().find(|t| tolerates(t, taint)) else {
+        let Some(toleration) = matching_toleration(tolerations, taint) else {
             return Eviction::At(now);
         };
         let Some(seconds) = toleration.toleration_seconds else {

@@ -49,6 +49,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use skerry_client::cache::Indexer;
 use skerry_client::informer::{Deleted, EventHandler, SharedInformer};
+use skerry_client::retry::{Backoff, retry_on_conflict};
 use skerry_client::workqueue::WorkQueue;
 use skerry_client::{Client, DeleteParams, Error, PostParams};
 use tokio_util::sync::CancellationToken;
@@ -115,10 +116,18 @@ pub const POD_NODE_NAME_INDEX: &str = "spec.nodeName";
 /// Each node's taints are one small write; more workers only queue on the client's QPS.
 pub const DEFAULT_WORKERS: usize = 8;
 
-/// Attempts at one taint write before giving up until the next pass or event. After a 409
-/// conflict the node is read again and the change recomputed. Kubernetes' `UpdateTaintBackoff`
-/// has 5 steps.
-pub const TAINT_UPDATE_ATTEMPTS_MAX: usize = 5;
+/// The schedule of one taint write that hits conflicts: after a 409 the node is read again
+/// and the change recomputed, at most five runs, 100 ms apart stretched by up to 100 %
+/// (Kubernetes' `UpdateTaintBackoff` in `pkg/controller/controller_utils.go`, which
+/// `AddOrUpdateTaintOnNode` and `RemoveTaintOffNode` retry with). The jitter spreads the
+/// controller's writes away from the kubelet's status writes it lost to.
+pub const UPDATE_TAINT_BACKOFF: Backoff = Backoff {
+    duration: Duration::from_millis(100),
+    factor: 0.0,
+    jitter: 1.0,
+    steps: 5,
+    cap: Duration::ZERO,
+};
 
 /// The controller's name (logs, work-queue metrics).
 const NAME: &str = "node-lifecycle";
@@ -888,7 +897,8 @@ impl NodeLifecycleController {
 
     /// Rewrites the node's taints with `change` (given the node, the new list or `None` for
     /// no change), conditionally on the node's resourceVersion; on a 409 conflict the node
-    /// is read again and `change` recomputed, at most [`TAINT_UPDATE_ATTEMPTS_MAX`] times.
+    /// is read again and `change` recomputed, on [`UPDATE_TAINT_BACKOFF`]'s schedule
+    /// (Kubernetes' `AddOrUpdateTaintOnNode`: the cached node first, then live reads).
     /// Returns the written node, or `None` when there was nothing to change (or the node is
     /// gone).
     async fn update_taints(
@@ -897,27 +907,30 @@ impl NodeLifecycleController {
         cached: &Node,
         change: impl Fn(&Node) -> Option<Vec<Taint>>,
     ) -> Result<Option<Node>, Error> {
-        let mut current = cached.clone();
-        let mut attempt = 1;
-        loop {
-            let Some(next) = change(&current) else {
-                return Ok(None);
-            };
-            let mut updated = current;
-            updated.spec.get_or_insert_with(NodeSpec::default).taints =
-                (!next.is_empty()).then_some(next);
-            match self.client.replace_node(&updated).await {
-                Ok(written) => return Ok(Some(written)),
-                Err(e) if e.is_conflict() && attempt < TAINT_UPDATE_ATTEMPTS_MAX => {
-                    attempt += 1;
-                    match self.client.get_node(name).await? {
-                        Some(fresh) => current = fresh,
+        let (client, change) = (&self.client, &change);
+        let mut runs = 0;
+        retry_on_conflict(UPDATE_TAINT_BACKOFF, || {
+            runs += 1;
+            let fresh = runs > 1;
+            async move {
+                let current = if fresh {
+                    match client.get_node(name).await? {
+                        Some(node) => node,
                         None => return Ok(None),
                     }
-                }
-                Err(e) => return Err(e),
+                } else {
+                    cached.clone()
+                };
+                let Some(next) = change(&current) else {
+                    return Ok(None);
+                };
+                let mut updated = current;
+                updated.spec.get_or_insert_with(NodeSpec::default).taints =
+                    (!next.is_empty()).then_some(next);
+                client.replace_node(&updated).await.map(Some)
             }
-        }
+        })
+        .await
     }
 
     /// The `NoSchedule` condition taints of one node (Kubernetes' `doNoScheduleTaintingPass`).

@@ -1,34 +1,23 @@
 //! Taints the node lifecycle controller owns, and the set arithmetic on them: which
-//! `NoSchedule` taints a node's conditions call for (Kubernetes' TaintNodesByCondition), the
-//! two mutually exclusive `NoExecute` taints that mirror `Ready` (not-ready / unreachable),
-//! and whether a pod's tolerations tolerate a taint.
+//! `NoSchedule` taints a node's conditions call for (Kubernetes' TaintNodesByCondition), and
+//! the two mutually exclusive `NoExecute` taints that mirror `Ready` (not-ready /
+//! unreachable). Whether a pod tolerates a taint is `skerry_api::pod::taints`, shared with
+//! the scheduler, the DaemonSet controller and the kubelet; the taint keys and effects are
+//! re-exported from there under the names this controller uses.
 //!
 //! Invariant: the controller only ever adds or removes taints whose key it owns
 //! ([`is_condition_taint`] for `NoSchedule`, [`NOT_READY`] / [`UNREACHABLE`] for
 //! `NoExecute`); every other taint on a node passes through a rewrite untouched.
 
-use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint, Toleration};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
-/// `node.kubernetes.io/not-ready`: the node's `Ready` condition is `False`.
-pub const NOT_READY: &str = "node.kubernetes.io/not-ready";
-/// `node.kubernetes.io/unreachable`: the node's `Ready` condition is `Unknown` (nothing heard).
-pub const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
-/// `node.kubernetes.io/memory-pressure`
-pub const MEMORY_PRESSURE: &str = "node.kubernetes.io/memory-pressure";
-/// `node.kubernetes.io/disk-pressure`
-pub const DISK_PRESSURE: &str = "node.kubernetes.io/disk-pressure";
-/// `node.kubernetes.io/pid-pressure`
-pub const PID_PRESSURE: &str = "node.kubernetes.io/pid-pressure";
-/// `node.kubernetes.io/network-unavailable`
-pub const NETWORK_UNAVAILABLE: &str = "node.kubernetes.io/network-unavailable";
-/// `node.kubernetes.io/unschedulable`: `spec.unschedulable` (`kubectl cordon`).
-pub const UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
-
-/// The `NoExecute` effect: pods that do not tolerate the taint are evicted.
-pub const NO_EXECUTE: &str = "NoExecute";
-/// The `NoSchedule` effect: no new pods, running ones stay.
-pub const NO_SCHEDULE: &str = "NoSchedule";
+pub use skerry_api::pod::taints::{
+    TAINT_EFFECT_NO_EXECUTE as NO_EXECUTE, TAINT_EFFECT_NO_SCHEDULE as NO_SCHEDULE,
+    TAINT_NODE_DISK_PRESSURE as DISK_PRESSURE, TAINT_NODE_MEMORY_PRESSURE as MEMORY_PRESSURE,
+    TAINT_NODE_NETWORK_UNAVAILABLE as NETWORK_UNAVAILABLE, TAINT_NODE_NOT_READY as NOT_READY,
+    TAINT_NODE_PID_PRESSURE as PID_PRESSURE, TAINT_NODE_UNREACHABLE as UNREACHABLE,
+    TAINT_NODE_UNSCHEDULABLE as UNSCHEDULABLE, taints_of,
+};
 
 /// Which condition status calls for which taint key (Kubernetes'
 /// `nodeConditionToTaintKeyStatusMap`). `NetworkUnavailable` is listed although the
@@ -55,14 +44,6 @@ pub fn condition<'a>(node: &'a Node, type_: &str) -> Option<&'a NodeCondition> {
 /// The status (`True`, `False`, `Unknown`) of the node's `Ready` condition, if it has one.
 pub fn ready_status(node: &Node) -> Option<&str> {
     condition(node, "Ready").map(|c| c.status.as_str())
-}
-
-/// The node's taints (empty when it has none).
-pub fn taints_of(node: &Node) -> &[Taint] {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_deref())
-        .unwrap_or_default()
 }
 
 /// A taint with `key` and `effect`, no value, and `timeAdded` only when given (the API
@@ -157,32 +138,6 @@ pub fn swap_taints(current: &[Taint], add: &[Taint], remove: &[Taint]) -> Option
             .zip(current)
             .all(|(a, b)| same_taint(a, b) && a.value == b.value);
     (!unchanged).then_some(next)
-}
-
-/// Whether `toleration` tolerates `taint` (Kubernetes' `Toleration.ToleratesTaint`): an
-/// empty effect matches every effect, an empty key with `Exists` matches every key, and the
-/// operator is `Equal` (the default: values must match) or `Exists`.
-pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
-    if let Some(effect) = toleration.effect.as_deref()
-        && !effect.is_empty()
-        && effect != taint.effect
-    {
-        return false;
-    }
-    if let Some(key) = toleration.key.as_deref()
-        && !key.is_empty()
-        && key != taint.key
-    {
-        return false;
-    }
-    match toleration.operator.as_deref() {
-        None | Some("") | Some("Equal") => {
-            toleration.value.as_deref().unwrap_or_default()
-                == taint.value.as_deref().unwrap_or_default()
-        }
-        Some("Exists") => true,
-        Some(_) => false,
-    }
 }
 
 #[cfg(test)]
@@ -301,44 +256,5 @@ mod tests {
             ),
             None
         );
-    }
-
-    #[test]
-    fn toleration_matching_follows_kubernetes() {
-        let unreachable = taint(UNREACHABLE, NO_EXECUTE, None);
-        let exists_key = Toleration {
-            key: Some(UNREACHABLE.into()),
-            operator: Some("Exists".into()),
-            effect: Some(NO_EXECUTE.into()),
-            ..Toleration::default()
-        };
-        assert!(tolerates(&exists_key, &unreachable));
-        let wildcard = Toleration {
-            operator: Some("Exists".into()),
-            ..Toleration::default()
-        };
-        assert!(tolerates(&wildcard, &unreachable));
-        let wrong_effect = Toleration {
-            effect: Some(NO_SCHEDULE.into()),
-            ..exists_key.clone()
-        };
-        assert!(!tolerates(&wrong_effect, &unreachable));
-        let equal_with_value = Toleration {
-            key: Some(UNREACHABLE.into()),
-            value: Some("x".into()),
-            ..Toleration::default()
-        };
-        assert!(!tolerates(&equal_with_value, &unreachable));
-        let equal_empty = Toleration {
-            key: Some(UNREACHABLE.into()),
-            operator: Some("Equal".into()),
-            ..Toleration::default()
-        };
-        assert!(tolerates(&equal_empty, &unreachable));
-        let bogus = Toleration {
-            operator: Some("Bogus".into()),
-            ..Toleration::default()
-        };
-        assert!(!tolerates(&bogus, &unreachable));
     }
 }

@@ -1,6 +1,8 @@
-//! Methods on the framework's data types (Kubernetes' `framework/types.go` and
-//! `component-helpers/resource`): resource arithmetic and pod requests, parsed
-//! [`PodInfo`]s, and the bookkeeping that keeps a [`NodeInfo`]'s aggregates
+//! Methods on the framework's data types (Kubernetes' `framework/types.go`): resource
+//! arithmetic, pod requests as the scheduler rounds them (the requests themselves are
+//! `component-helpers/resource`'s `PodRequests`, [`skerry_api::pod::resources`], shared with
+//! the kubelet's admission), parsed [`PodInfo`]s, and the bookkeeping that keeps a
+//! [`NodeInfo`]'s aggregates
 //! (`requested`, `non_zero_requested`, `used_ports`, the affinity sublists) equal to the
 //! sum over its pods.
 //!
@@ -18,12 +20,16 @@
 //! `generation` is not touched here: the cache stamps it (one counter for all NodeInfos).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodAffinityTerm, WeightedPodAffinityTerm};
+use k8s_openapi::api::core::v1::{Node, Pod, PodAffinityTerm, WeightedPodAffinityTerm};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector as ApiLabelSelector;
-use skerry_api::selector::{LabelOp, LabelSelector};
+use skerry_api::pod::resources::{
+    PodResourcesOptions, RESOURCE_CPU, RESOURCE_MEMORY, ResourceList, SIDECAR_RESTART_POLICY,
+    pod_requests, resource_list,
+};
+use skerry_api::selector::LabelSelector;
 use skerry_api::validation::quantity::Quantity;
 
 use super::types::{
@@ -46,11 +52,6 @@ pub const DEFAULT_BIND_ALL_HOST_IP: &str = "0.0.0.0";
 
 /// The protocol of a container port that names none (the API default).
 pub const DEFAULT_PORT_PROTOCOL: &str = "TCP";
-
-/// The container restart policy that makes an init container a sidecar (Kubernetes 1.29+
-/// `ContainerRestartPolicyAlways`): it keeps running beside the app containers, so its
-/// requests add to theirs instead of only bounding them.
-const SIDECAR_RESTART_POLICY: &str = "Always";
 
 /// Nano-units per milli-unit and per unit ([`Quantity`] holds nano-units).
 const NANO_PER_MILLI: i128 = 1_000_000;
@@ -90,40 +91,22 @@ fn saturate(value: i128) -> i64 {
     i64::try_from(value).unwrap_or(if value < 0 { i64::MIN } else { i64::MAX })
 }
 
-/// A resource list in nano-units, the exact form requests are summed and maxed in before
-/// they are rounded into a [`Resource`] (Kubernetes works on `resource.Quantity` the same way).
-type ResourceList = BTreeMap<String, i128>;
-
-fn resource_list(list: Option<&BTreeMap<String, ApiQuantity>>) -> ResourceList {
-    let mut out = ResourceList::new();
-    for (name, quantity) in list.into_iter().flatten() {
-        match parse_quantity(quantity) {
-            Some(q) => {
-                out.insert(name.clone(), q.0);
-            }
-            // The apiserver validates quantities, so this is a hostile or corrupt object:
-            // count nothing for it rather than fail the whole pod or node.
-            None => {
-                tracing::warn!(resource = %name, quantity = %quantity.0, "ignoring unparsable quantity")
-            }
-        }
-    }
-    out
-}
-
-fn add_list(target: &mut ResourceList, source: &ResourceList) {
-    for (name, value) in source {
-        let entry = target.entry(name.clone()).or_insert(0);
-        *entry = entry.saturating_add(*value);
-    }
-}
-
-fn max_list(target: &mut ResourceList, source: &ResourceList) {
-    for (name, value) in source {
-        let entry = target.entry(name.clone()).or_insert(*value);
-        *entry = (*entry).max(*value);
-    }
-}
+/// What [`Resource::non_zero_requests`] counts for a container that requests no CPU or no
+/// memory at all: [`DEFAULT_MILLI_CPU_REQUEST`] and [`DEFAULT_MEMORY_REQUEST`] (Kubernetes'
+/// `NonMissingContainerRequests` for scoring). Built once.
+static NON_ZERO_DEFAULTS: LazyLock<ResourceList> = LazyLock::new(|| {
+    [
+        (
+            RESOURCE_CPU.to_string(),
+            Quantity(i128::from(DEFAULT_MILLI_CPU_REQUEST) * NANO_PER_MILLI),
+        ),
+        (
+            RESOURCE_MEMORY.to_string(),
+            Quantity(i128::from(DEFAULT_MEMORY_REQUEST) * NANO_PER_UNIT),
+        ),
+    ]
+    .into()
+});
 
 // ---------------------------------------------------------------------------------------
 // Resource.
@@ -145,7 +128,7 @@ impl Resource {
 
     fn from_nano_list(list: &ResourceList) -> Resource {
         let mut resource = Resource::default();
-        for (name, nano) in list {
+        for (name, Quantity(nano)) in list {
             let value = saturate(div_ceil(*nano, NANO_PER_UNIT));
             match name.as_str() {
                 "cpu" => resource.milli_cpu = saturate(div_ceil(*nano, NANO_PER_MILLI)),
@@ -167,16 +150,12 @@ impl Resource {
         Resource::from_nano_list(&resource_list(allocatable))
     }
 
-    /// What a pod requests of a node (Kubernetes' `computePodResourceRequest` /
-    /// `resourcehelper.PodRequests`): the larger, per resource, of the app containers' sum
-    /// and the peak of the init phase, plus `spec.overhead`.
-    ///
-    /// Sidecars (init containers with `restartPolicy: Always`, 1.29+) keep running, so they
-    /// add to the app containers' sum, and each later init container runs beside the
-    /// sidecars started before it: init container *i* needs its own request plus those
-    /// sidecars'.
+    /// What a pod requests of a node (Kubernetes' `computePodResourceRequest` over
+    /// `resourcehelper.PodRequests`, [`skerry_api::pod::resources::pod_requests`]): the
+    /// larger, per resource, of the app containers' sum (sidecars included) and the peak of
+    /// the init phase, plus `spec.overhead`, each rounded up into the Resource's units.
     pub fn from_pod_requests(pod: &Pod) -> Resource {
-        Resource::from_nano_list(&pod_requests(pod, false))
+        Resource::from_nano_list(&pod_requests(pod, &PodResourcesOptions::default()))
     }
 
     /// [`Resource::from_pod_requests`] with [`DEFAULT_MILLI_CPU_REQUEST`] and
@@ -184,7 +163,11 @@ impl Resource {
     /// all (an explicit `0` stays 0), as Kubernetes computes for scoring. Only `milli_cpu`
     /// and `memory` are set.
     pub fn non_zero_requests(pod: &Pod) -> Resource {
-        let all = Resource::from_nano_list(&pod_requests(pod, true));
+        let options = PodResourcesOptions {
+            non_missing_container_requests: Some(&NON_ZERO_DEFAULTS),
+            ..PodResourcesOptions::default()
+        };
+        let all = Resource::from_nano_list(&pod_requests(pod, &options));
         Resource {
             milli_cpu: all.milli_cpu,
             memory: all.memory,
@@ -262,58 +245,6 @@ impl Resource {
             && self.allowed_pod_number == 0
             && self.scalar.values().all(|v| *v == 0)
     }
-}
-
-/// One container's requests, with the non-zero defaults applied if asked.
-fn container_requests(container: &Container, non_zero: bool) -> ResourceList {
-    let mut requests = resource_list(
-        container
-            .resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref()),
-    );
-    if non_zero {
-        requests
-            .entry("cpu".to_string())
-            .or_insert(i128::from(DEFAULT_MILLI_CPU_REQUEST) * NANO_PER_MILLI);
-        requests
-            .entry("memory".to_string())
-            .or_insert(i128::from(DEFAULT_MEMORY_REQUEST) * NANO_PER_UNIT);
-    }
-    requests
-}
-
-/// Kubernetes' `resourcehelper.PodRequests` (1.32, without the alpha pod-level resources
-/// and in-place resize gates) in nano-units.
-fn pod_requests(pod: &Pod, non_zero: bool) -> ResourceList {
-    let Some(spec) = pod.spec.as_ref() else {
-        return ResourceList::new();
-    };
-    let mut requests = ResourceList::new();
-    for container in &spec.containers {
-        add_list(&mut requests, &container_requests(container, non_zero));
-    }
-    // Sidecars started so far, and the peak of the init phase.
-    let mut sidecars = ResourceList::new();
-    let mut init_peak = ResourceList::new();
-    for container in spec.init_containers.iter().flatten() {
-        let own = container_requests(container, non_zero);
-        let during = if container.restart_policy.as_deref() == Some(SIDECAR_RESTART_POLICY) {
-            add_list(&mut requests, &own);
-            add_list(&mut sidecars, &own);
-            sidecars.clone()
-        } else {
-            let mut during = own;
-            add_list(&mut during, &sidecars);
-            during
-        };
-        max_list(&mut init_peak, &during);
-    }
-    max_list(&mut requests, &init_peak);
-    if let Some(overhead) = spec.overhead.as_ref() {
-        add_list(&mut requests, &resource_list(Some(overhead)));
-    }
-    requests
 }
 
 // ---------------------------------------------------------------------------------------
@@ -394,26 +325,20 @@ impl Selector {
     /// `metav1.LabelSelector` becomes). Represented as `In` over an empty set, which no
     /// label value satisfies.
     pub fn nothing() -> Selector {
-        Selector(LabelSelector {
-            requirements: vec![(String::new(), LabelOp::In(Vec::new()))],
-        })
+        Selector(LabelSelector::nothing())
     }
 
     /// Kubernetes' `LabelSelectorAsSelector`: `None` (nil) matches nothing, an empty
     /// selector matches everything.
     pub fn from_api(selector: Option<&ApiLabelSelector>) -> Result<Selector, InvalidSelector> {
-        match selector {
-            None => Ok(Selector::nothing()),
-            Some(selector) => LabelSelector::from_api(selector)
-                .map(Selector)
-                .map_err(|e| InvalidSelector(e.message)),
-        }
+        LabelSelector::from_api_opt(selector)
+            .map(Selector)
+            .map_err(|e| InvalidSelector(e.message))
     }
 
     /// Whether `labels` (a pod's or namespace's `metadata.labels`) match.
     pub fn matches(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
-        static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
-        self.0.matches(labels.unwrap_or(&NO_LABELS))
+        self.0.matches_opt(labels)
     }
 }
 
@@ -770,8 +695,8 @@ impl NodeInfo {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
-        Affinity, ContainerImage, ContainerPort, NodeStatus, PodAffinity, PodAntiAffinity, PodSpec,
-        ResourceRequirements,
+        Affinity, Container, ContainerImage, ContainerPort, NodeStatus, PodAffinity,
+        PodAntiAffinity, PodSpec, ResourceRequirements,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelectorRequirement, ObjectMeta};
 

@@ -9,16 +9,20 @@
 //! walks those nodes. Filter checks `matchFields` anyway, so narrowing is an optimization,
 //! never needed for correctness.
 //!
-//! Matching rules (Kubernetes' `component-helpers/scheduling/corev1/nodeaffinity`): terms
-//! are ORed; within a term `matchExpressions` and `matchFields` are ANDed; an empty term
-//! matches nothing; a term that does not parse (e.g. `Gt` with a non-integer) matches
-//! nothing while the other terms still count; `matchFields` supports only `metadata.name`
-//! with `In`/`NotIn` and exactly one value.
+//! The matching rules are component-helpers' `nodeaffinity`, in
+//! [`skerry_api::pod::nodeaffinity`], shared with the DaemonSet controller and the kubelet's
+//! admission: terms ORed, `matchExpressions` and `matchFields` ANDed within a term, an empty
+//! term matching nothing, a term that does not parse matching nothing while the others still
+//! count. A preferred term that does not parse fails the pod's scoring with an `Error`, as in
+//! Kubernetes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, NodeSelectorTerm, Pod};
+use k8s_openapi::api::core::v1::Pod;
+pub use skerry_api::pod::nodeaffinity::{
+    OBJECT_NAME_FIELD, PreferredSchedulingTerms, RequiredNodeAffinity,
+};
 
 use super::NODE_AFFINITY_WEIGHT;
 use super::helper::{default_normalize_score, skip};
@@ -36,9 +40,6 @@ pub const ERR_REASON_POD: &str = "node(s) didn't match Pod's node affinity/selec
 /// Kubernetes' `errReasonConflict`: every required term pins `metadata.name` and the pinned
 /// sets do not intersect.
 pub const ERR_REASON_CONFLICT: &str = "pod affinity terms conflict";
-
-/// The only field `matchFields` may select on (Kubernetes' `metav1.ObjectNameField`).
-pub const OBJECT_NAME_FIELD: &str = "metadata.name";
 
 /// CycleState key of the PreFilter result.
 const PRE_FILTER_STATE_KEY: &str = "PreFilterNodeAffinity";
@@ -59,232 +60,6 @@ impl Default for NodeAffinity {
         NodeAffinity {
             weight: NODE_AFFINITY_WEIGHT,
         }
-    }
-}
-
-/// One parsed `matchExpressions` requirement on node labels.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum LabelRequirement {
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    DoesNotExist(String),
-    Gt(String, i64),
-    Lt(String, i64),
-}
-
-impl LabelRequirement {
-    fn parse(requirement: &NodeSelectorRequirement) -> Option<LabelRequirement> {
-        let key = requirement.key.clone();
-        let values = requirement.values.as_deref().unwrap_or_default();
-        let single_integer = || match values {
-            [value] => value.parse::<i64>().ok(),
-            _ => None,
-        };
-        Some(match requirement.operator.as_str() {
-            "In" if !values.is_empty() => LabelRequirement::In(key, values.to_vec()),
-            "NotIn" if !values.is_empty() => LabelRequirement::NotIn(key, values.to_vec()),
-            "Exists" if values.is_empty() => LabelRequirement::Exists(key),
-            "DoesNotExist" if values.is_empty() => LabelRequirement::DoesNotExist(key),
-            "Gt" => LabelRequirement::Gt(key, single_integer()?),
-            "Lt" => LabelRequirement::Lt(key, single_integer()?),
-            _ => return None,
-        })
-    }
-
-    fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        match self {
-            LabelRequirement::In(key, values) => {
-                labels.get(key).is_some_and(|v| values.contains(v))
-            }
-            LabelRequirement::NotIn(key, values) => {
-                labels.get(key).is_none_or(|v| !values.contains(v))
-            }
-            LabelRequirement::Exists(key) => labels.contains_key(key),
-            LabelRequirement::DoesNotExist(key) => !labels.contains_key(key),
-            LabelRequirement::Gt(key, bound) => labels
-                .get(key)
-                .and_then(|v| v.parse::<i64>().ok())
-                .is_some_and(|v| v > *bound),
-            LabelRequirement::Lt(key, bound) => labels
-                .get(key)
-                .and_then(|v| v.parse::<i64>().ok())
-                .is_some_and(|v| v < *bound),
-        }
-    }
-}
-
-/// One parsed `matchFields` requirement: `field == value` or `field != value`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct FieldRequirement {
-    field: String,
-    value: String,
-    equal: bool,
-}
-
-impl FieldRequirement {
-    fn parse(requirement: &NodeSelectorRequirement) -> Option<FieldRequirement> {
-        let [value] = requirement.values.as_deref().unwrap_or_default() else {
-            return None;
-        };
-        let equal = match requirement.operator.as_str() {
-            "In" => true,
-            "NotIn" => false,
-            _ => return None,
-        };
-        Some(FieldRequirement {
-            field: requirement.key.clone(),
-            value: value.clone(),
-            equal,
-        })
-    }
-
-    fn matches(&self, node_name: &str) -> bool {
-        // Nodes expose only metadata.name as a field; any other field reads as "".
-        let actual = if self.field == OBJECT_NAME_FIELD {
-            node_name
-        } else {
-            ""
-        };
-        (actual == self.value) == self.equal
-    }
-}
-
-/// A parsed `NodeSelectorTerm`; `None` parts mean "absent", a parse error makes the whole
-/// term match nothing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct ParsedTerm {
-    /// `None` if the term is empty or did not parse: it matches no node.
-    requirements: Option<(Vec<LabelRequirement>, Vec<FieldRequirement>)>,
-}
-
-impl ParsedTerm {
-    fn parse(term: &NodeSelectorTerm) -> ParsedTerm {
-        let expressions = term.match_expressions.as_deref().unwrap_or_default();
-        let fields = term.match_fields.as_deref().unwrap_or_default();
-        if expressions.is_empty() && fields.is_empty() {
-            return ParsedTerm { requirements: None };
-        }
-        let labels: Option<Vec<_>> = expressions.iter().map(LabelRequirement::parse).collect();
-        let fields: Option<Vec<_>> = fields.iter().map(FieldRequirement::parse).collect();
-        ParsedTerm {
-            requirements: labels.zip(fields),
-        }
-    }
-
-    fn matches(&self, labels: &BTreeMap<String, String>, node_name: &str) -> bool {
-        let Some((label_requirements, field_requirements)) = &self.requirements else {
-            return false;
-        };
-        label_requirements.iter().all(|r| r.matches(labels))
-            && field_requirements.iter().all(|r| r.matches(node_name))
-    }
-}
-
-fn node_labels(node: &Node) -> &BTreeMap<String, String> {
-    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
-    node.metadata.labels.as_ref().unwrap_or(&EMPTY)
-}
-
-fn node_name(node: &Node) -> &str {
-    node.metadata.name.as_deref().unwrap_or_default()
-}
-
-/// The pod's hard node constraints, parsed once: `spec.nodeSelector` AND any of the
-/// required node affinity terms (Kubernetes' `nodeaffinity.RequiredNodeAffinity`).
-/// PodTopologySpread's `nodeAffinityPolicy: Honor` uses it too.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RequiredNodeAffinity {
-    /// `spec.nodeSelector` (every key must equal).
-    node_selector: Option<BTreeMap<String, String>>,
-    /// The required terms, ORed; `None` when the pod has no required node affinity.
-    terms: Option<Vec<ParsedTerm>>,
-}
-
-impl RequiredNodeAffinity {
-    /// Parses `pod`'s node selector and required node affinity.
-    pub fn from_pod(pod: &Pod) -> RequiredNodeAffinity {
-        let Some(spec) = pod.spec.as_ref() else {
-            return RequiredNodeAffinity::default();
-        };
-        let node_selector = spec.node_selector.clone().filter(|s| !s.is_empty());
-        let terms = spec
-            .affinity
-            .as_ref()
-            .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|na| {
-                na.required_during_scheduling_ignored_during_execution
-                    .as_ref()
-            })
-            .map(|selector| {
-                selector
-                    .node_selector_terms
-                    .iter()
-                    .map(ParsedTerm::parse)
-                    .collect()
-            });
-        RequiredNodeAffinity {
-            node_selector,
-            terms,
-        }
-    }
-
-    /// Whether the pod has neither a node selector nor required node affinity (matches
-    /// every node).
-    pub fn is_empty(&self) -> bool {
-        self.node_selector.is_none() && self.terms.is_none()
-    }
-
-    /// Whether `node` satisfies the pod's node selector and required node affinity.
-    pub fn matches(&self, node: &Node) -> bool {
-        let labels = node_labels(node);
-        if let Some(selector) = &self.node_selector
-            && !selector.iter().all(|(k, v)| labels.get(k) == Some(v))
-        {
-            return false;
-        }
-        match &self.terms {
-            None => true,
-            Some(terms) => terms.iter().any(|t| t.matches(labels, node_name(node))),
-        }
-    }
-}
-
-/// The pod's preferred terms, parsed once (Kubernetes' `PreferredSchedulingTerms`): terms
-/// with weight 0 or no requirements are dropped.
-#[derive(Clone, Debug, Default)]
-struct PreferredSchedulingTerms {
-    terms: Vec<(ParsedTerm, i64)>,
-}
-
-impl PreferredSchedulingTerms {
-    fn from_pod(pod: &Pod) -> Option<PreferredSchedulingTerms> {
-        let preferred = pod
-            .spec
-            .as_ref()?
-            .affinity
-            .as_ref()?
-            .node_affinity
-            .as_ref()?
-            .preferred_during_scheduling_ignored_during_execution
-            .as_ref()?;
-        let terms = preferred
-            .iter()
-            .filter(|t| t.weight != 0)
-            .map(|t| (ParsedTerm::parse(&t.preference), i64::from(t.weight)))
-            .filter(|(t, _)| t.requirements.is_some())
-            .collect();
-        Some(PreferredSchedulingTerms { terms })
-    }
-
-    /// Sum of the weights of the terms `node` matches.
-    fn score(&self, node: &Node) -> i64 {
-        let labels = node_labels(node);
-        self.terms
-            .iter()
-            .filter(|(t, _)| t.matches(labels, node_name(node)))
-            .map(|(_, w)| w)
-            .sum()
     }
 }
 
@@ -390,10 +165,11 @@ impl PreScorePlugin for NodeAffinity {
         }
         match PreferredSchedulingTerms::from_pod(&pod.pod) {
             None => skip(NAME),
-            Some(preferred) => {
+            Some(Ok(preferred)) => {
                 state.write(PRE_SCORE_STATE_KEY, preferred);
                 Status::success()
             }
+            Some(Err(e)) => Status::new(Code::Error, NAME, e),
         }
     }
 }
@@ -403,14 +179,15 @@ impl ScorePlugin for NodeAffinity {
         let Some(node_object) = node.node.as_ref() else {
             return Err(Status::new(Code::Error, NAME, "node not found"));
         };
-        Ok(
-            match state.read::<PreferredSchedulingTerms>(PRE_SCORE_STATE_KEY) {
-                Some(preferred) => preferred.score(node_object),
-                None => PreferredSchedulingTerms::from_pod(&pod.pod)
-                    .map(|p| p.score(node_object))
-                    .unwrap_or(0),
+        match state.read::<PreferredSchedulingTerms>(PRE_SCORE_STATE_KEY) {
+            Some(preferred) => Ok(preferred.score(node_object)),
+            // PreScore did not run (e.g. a dry run): parse here.
+            None => match PreferredSchedulingTerms::from_pod(&pod.pod) {
+                None => Ok(0),
+                Some(Ok(preferred)) => Ok(preferred.score(node_object)),
+                Some(Err(e)) => Err(Status::new(Code::Error, NAME, e)),
             },
-        )
+        }
     }
 
     fn normalize(&self, _state: &CycleState, _pod: &PodInfo, scores: &mut [NodeScore]) -> Status {
@@ -620,6 +397,34 @@ mod tests {
             scores,
             expected_scores(&[("node1", 18), ("node5", 100), ("node2", 36)])
         );
+    }
+
+    // Kubernetes' PreScore returns `NewPreferredSchedulingTerms`' error (`framework.AsStatus`);
+    // this plugin's own parser used to drop the term that did not parse and score the rest.
+    #[test]
+    fn a_preferred_term_that_does_not_parse_is_an_error() {
+        let p = pod(
+            json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 2, "preference": {"matchExpressions": [{"key": "foo", "operator": "In", "values": ["bar"]}]}},
+                {"weight": 4, "preference": {"matchExpressions": [{"key": "gpu", "operator": "Gt", "values": ["two"]}]}}
+            ]}}}),
+        );
+        let nodes = vec![Arc::new(node("n", json!({"foo": "bar"})))];
+        let mut state = CycleState::default();
+        let status = NodeAffinity::default().pre_score(&mut state, &p, &nodes, &snapshot(vec![]));
+        assert_eq!(status.code, Code::Error);
+        assert_eq!(
+            status.reasons,
+            vec![
+                "[1].matchExpressions[0].values[0]: Invalid value: \"two\": for 'Gt', 'Lt' operators, the value must be an integer"
+                    .to_string()
+            ]
+        );
+        // Score without PreScore says the same.
+        let error = NodeAffinity::default()
+            .score(&CycleState::default(), &p, &nodes[0])
+            .expect_err("does not parse");
+        assert_eq!(error.code, Code::Error);
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //! that toleration automatically).
 
 use k8s_openapi::api::core::v1::Taint;
+use skerry_api::pod::taints::{
+    TAINT_EFFECT_NO_SCHEDULE, tolerations_of, tolerations_tolerate_taint,
+};
 
-use super::helper::{TAINT_EFFECT_NO_SCHEDULE, tolerations_tolerate_taint};
 use crate::framework::{Code, CycleState, FilterPlugin, NodeInfo, Plugin, PodInfo, Status};
 
 /// The plugin's name.
@@ -16,7 +18,7 @@ pub const ERR_REASON_UNSCHEDULABLE: &str = "node(s) were unschedulable";
 
 /// The taint key the node controller puts on cordoned nodes; tolerating it (with effect
 /// `NoSchedule`) also tolerates `spec.unschedulable` (Kubernetes' `v1.TaintNodeUnschedulable`).
-pub const TAINT_NODE_UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
+pub use skerry_api::pod::taints::TAINT_NODE_UNSCHEDULABLE;
 
 /// The NodeUnschedulable filter.
 #[derive(Clone, Copy, Debug, Default)]
@@ -47,13 +49,7 @@ impl FilterPlugin for NodeUnschedulable {
             value: None,
             time_added: None,
         };
-        let tolerations = pod
-            .pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.tolerations.as_deref())
-            .unwrap_or_default();
-        if tolerations_tolerate_taint(tolerations, &taint) {
+        if tolerations_tolerate_taint(tolerations_of(&pod.pod), &taint) {
             return Status::success();
         }
         // Unresolvable: evicting pods does not uncordon the node.

@@ -38,11 +38,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod, TopologySpreadConstraint};
+use skerry_api::pod::nodeaffinity::RequiredNodeAffinity;
+use skerry_api::pod::taints::{
+    find_matching_untolerated_taint, is_do_not_schedule_taint, taints_of, tolerations_of,
+};
 use skerry_api::selector::{LabelOp, LabelSelector};
 
 use super::POD_TOPOLOGY_SPREAD_WEIGHT;
-use super::helper::{self, find_matching_untolerated_taint, is_do_not_schedule_taint};
-use super::nodeaffinity::RequiredNodeAffinity;
+use super::helper;
 use crate::framework::{
     Code, CycleState, FilterPlugin, MAX_NODE_SCORE, NodeInfo, NodeScore, Plugin, PodInfo,
     PreFilterPlugin, PreScorePlugin, ScorePlugin, Selector, Snapshot, Status,
@@ -134,24 +137,15 @@ impl SpreadConstraint {
         if self.node_affinity_policy == NodeInclusionPolicy::Honor && !required.matches(node) {
             return false;
         }
-        if self.node_taints_policy == NodeInclusionPolicy::Honor {
-            let taints = node
-                .spec
-                .as_ref()
-                .and_then(|s| s.taints.as_deref())
-                .unwrap_or_default();
-            let tolerations = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.tolerations.as_deref())
-                .unwrap_or_default();
-            if find_matching_untolerated_taint(taints, tolerations, is_do_not_schedule_taint)
-                .is_some()
-            {
-                return false;
-            }
-        }
-        true
+        let untolerated = || {
+            find_matching_untolerated_taint(
+                taints_of(node),
+                tolerations_of(pod),
+                is_do_not_schedule_taint,
+            )
+            .is_some()
+        };
+        !(self.node_taints_policy == NodeInclusionPolicy::Honor && untolerated())
     }
 }
 

@@ -7,11 +7,13 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 
-use super::TAINT_TOLERATION_WEIGHT;
-use super::helper::{
-    TAINT_EFFECT_PREFER_NO_SCHEDULE, default_normalize_score, find_matching_untolerated_taint,
-    is_do_not_schedule_taint, tolerations_tolerate_taint,
+use skerry_api::pod::taints::{
+    TAINT_EFFECT_PREFER_NO_SCHEDULE, find_matching_untolerated_taint, is_do_not_schedule_taint,
+    taints_of, tolerations_of, tolerations_tolerate_taint,
 };
+
+use super::TAINT_TOLERATION_WEIGHT;
+use super::helper::default_normalize_score;
 use crate::framework::{
     Code, CycleState, FilterPlugin, MAX_NODE_SCORE, NodeInfo, NodeScore, Plugin, PodInfo,
     PreScorePlugin, ScorePlugin, Snapshot, Status,
@@ -45,15 +47,8 @@ struct PreScoreState {
     tolerations_prefer_no_schedule: Vec<Toleration>,
 }
 
-fn tolerations(pod: &Pod) -> &[Toleration] {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.tolerations.as_deref())
-        .unwrap_or_default()
-}
-
 fn tolerations_prefer_no_schedule(pod: &Pod) -> Vec<Toleration> {
-    tolerations(pod)
+    tolerations_of(pod)
         .iter()
         .filter(|t| {
             let effect = t.effect.as_deref().unwrap_or_default();
@@ -65,12 +60,7 @@ fn tolerations_prefer_no_schedule(pod: &Pod) -> Vec<Toleration> {
 
 /// The node's `PreferNoSchedule` taints that none of `tolerations` tolerates.
 fn count_intolerable_taints_prefer_no_schedule(node: &NodeInfo, tolerations: &[Toleration]) -> i64 {
-    let taints = node
-        .node
-        .as_ref()
-        .and_then(|n| n.spec.as_ref())
-        .and_then(|s| s.taints.as_deref())
-        .unwrap_or_default();
+    let taints = node.node.as_deref().map(taints_of).unwrap_or_default();
     let count = taints
         .iter()
         .filter(|taint| {
@@ -92,14 +82,9 @@ impl FilterPlugin for TaintToleration {
         let Some(node_object) = node.node.as_ref() else {
             return Status::new(Code::Error, NAME, "invalid nodeInfo");
         };
-        let taints = node_object
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_deref())
-            .unwrap_or_default();
         match find_matching_untolerated_taint(
-            taints,
-            tolerations(&pod.pod),
+            taints_of(node_object),
+            tolerations_of(&pod.pod),
             is_do_not_schedule_taint,
         ) {
             None => Status::success(),
