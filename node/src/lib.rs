@@ -1,0 +1,6 @@
+//! skerry's node agent: what the upstream kubelet does on each box, over the Container Runtime
+//! Interface to containerd. Every member of a skerry cluster is also a node, and `skerry agent`
+//! runs this crate alone against a cluster.
+//!
+//! The crate reaches the apiserver only through `skerry-client`, as the upstream kubelet reaches
+//! it through client-go, and the runtime only through CRI, so any CRI runtime can serve it.
