@@ -58,8 +58,10 @@ pub fn validate(sub_path: &str) -> Result<(), String> {
 }
 
 /// Makes the subPath if it is missing (as a directory, with the volume's mode), resolves it
-/// safely and bind-mounts it; returns the path to give the container. Idempotent: an existing
-/// bind mount at the target is reused.
+/// safely and bind-mounts it; returns the path to give the container. Idempotent: a bind
+/// mount already at the target is reused when it is the same file (device and inode) as the
+/// subPath, and unmounted and made again otherwise (`prepareSubpathTarget`,
+/// `checkSubPathFileEqual`).
 pub fn prepare(sp: &SubPath<'_>) -> Result<PathBuf, String> {
     validate(sp.sub_path)?;
     let target = sp
@@ -68,10 +70,13 @@ pub fn prepare(sp: &SubPath<'_>) -> Result<PathBuf, String> {
         .join(sp.volume_name)
         .join(sp.container_name)
         .join(sp.index.to_string());
-    if let Ok(Some(_)) = mount::mount_at(&target) {
-        return Ok(target);
-    }
     let host_path = sp.volume_path.join(sp.sub_path);
+    if let Ok(Some(_)) = mount::mount_at(&target) {
+        if same_file(&host_path, &target) {
+            return Ok(target);
+        }
+        mount::unmount(&target).map_err(|e| format!("unmount {}: {e}", target.display()))?;
+    }
     if fs::symlink_metadata(&host_path).is_err() {
         let mode = fs::metadata(sp.volume_path)
             .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
@@ -93,6 +98,14 @@ pub fn prepare(sp: &SubPath<'_>) -> Result<PathBuf, String> {
         )
     })?;
     Ok(target)
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (fs::metadata(a), fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
 }
 
 /// Resolves, checks, opens safely and bind-mounts (`doBindSubPath`).

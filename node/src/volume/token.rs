@@ -89,7 +89,15 @@ impl Clock for SystemClock {
 pub struct TokenManager<T> {
     source: T,
     clock: Arc<dyn Clock>,
-    cache: Mutex<HashMap<String, TokenRequest>>,
+    cache: Mutex<HashMap<String, Cached>>,
+}
+
+/// A cached answer and the pod its request was bound to (taken from the request: an
+/// apiserver need not echo `boundObjectRef`, and skerry's does not).
+#[derive(Clone)]
+struct Cached {
+    token: TokenRequest,
+    pod_uid: Option<String>,
 }
 
 impl<T: TokenSource> TokenManager<T> {
@@ -111,7 +119,7 @@ impl<T: TokenSource> TokenManager<T> {
         request: &TokenRequest,
     ) -> Result<TokenRequest, String> {
         let key = key(name, namespace, request);
-        let cached = self.lock().get(&key).cloned();
+        let cached = self.lock().get(&key).map(|c| c.token.clone());
         if let Some(cached) = &cached
             && !requires_refresh(self.clock.now(), cached, jitter())
         {
@@ -119,7 +127,19 @@ impl<T: TokenSource> TokenManager<T> {
         }
         match self.source.request_token(namespace, name, request).await {
             Ok(fresh) => {
-                self.lock().insert(key, fresh.clone());
+                let pod_uid = request
+                    .spec
+                    .bound_object_ref
+                    .as_ref()
+                    .filter(|r| r.kind.as_deref() == Some("Pod"))
+                    .and_then(|r| r.uid.clone());
+                self.lock().insert(
+                    key,
+                    Cached {
+                        token: fresh.clone(),
+                        pod_uid,
+                    },
+                );
                 Ok(fresh)
             }
             Err(e) => match cached {
@@ -137,19 +157,15 @@ impl<T: TokenSource> TokenManager<T> {
 
     /// Forgets the tokens bound to the pod `pod_uid` (`DeleteServiceAccountToken`).
     pub fn delete_pod_tokens(&self, pod_uid: &str) {
-        self.lock().retain(|_, tr| {
-            tr.spec
-                .bound_object_ref
-                .as_ref()
-                .and_then(|r| r.uid.as_deref())
-                != Some(pod_uid)
-        });
+        self.lock()
+            .retain(|_, c| c.pod_uid.as_deref() != Some(pod_uid));
     }
 
     /// Drops expired tokens (upstream runs this every minute).
     pub fn cleanup(&self) {
         let now = self.clock.now();
-        self.lock().retain(|_, tr| expiration(tr).is_none_or(|exp| now <= exp));
+        self.lock()
+            .retain(|_, c| expiration(&c.token).is_none_or(|exp| now <= exp));
     }
 
     /// How many tokens are cached.
@@ -166,7 +182,7 @@ impl<T: TokenSource> TokenManager<T> {
         expiration(tr).is_none_or(|exp| self.clock.now() > exp)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, TokenRequest>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cached>> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
