@@ -100,7 +100,11 @@ impl Lookup for ApiLookup {
             .map_err(|e| LookupError(e.to_string()))
     }
 
-    async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Arc<Secret>>, LookupError> {
+    async fn secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Secret>>, LookupError> {
         let api: Api<Secret> = self.client.api(Some(namespace));
         api.get_opt(name)
             .await
@@ -383,7 +387,11 @@ async fn secret_cached<L: Lookup>(
 
 /// A `fieldRef`'s value for an env var (`podFieldSelectorRuntimeValue`): the node and pod
 /// fields the kubelet knows, the metadata ones through [`fieldpath::extract_field_path`].
-fn pod_field_value(input: &EnvInput<'_>, api_version: Option<&str>, path: &str) -> Result<String, String> {
+fn pod_field_value(
+    input: &EnvInput<'_>,
+    api_version: Option<&str>,
+    path: &str,
+) -> Result<String, String> {
     let path = fieldpath::convert_field_label(api_version, path)?;
     let spec = input.pod.spec.as_ref();
     match path.as_str() {
@@ -502,11 +510,18 @@ pub fn service_variables(service: &Service) -> Vec<(String, String)> {
     out.push((port_var.clone(), first.port.to_string()));
     for port in ports {
         if let Some(name) = port.name.as_deref().filter(|n| !n.is_empty()) {
-            out.push((format!("{port_var}_{}", env_name(name)), port.port.to_string()));
+            out.push((
+                format!("{port_var}_{}", env_name(name)),
+                port.port.to_string(),
+            ));
         }
     }
     for (i, port) in ports.iter().enumerate() {
-        let protocol = port.protocol.as_deref().filter(|p| !p.is_empty()).unwrap_or("TCP");
+        let protocol = port
+            .protocol
+            .as_deref()
+            .filter(|p| !p.is_empty())
+            .unwrap_or("TCP");
         let lower = protocol.to_lowercase();
         let host_port = if ip.contains(':') {
             format!("[{ip}]:{}", port.port)
@@ -613,7 +628,10 @@ mod tests {
             ("EMPTY".to_string(), String::new()),
         ]
         .into();
-        assert_eq!(expand_subpath_expr("logs/$(POD)", &env).unwrap(), "logs/web-0");
+        assert_eq!(
+            expand_subpath_expr("logs/$(POD)", &env).unwrap(),
+            "logs/web-0"
+        );
         assert_eq!(
             expand_subpath_expr("$(Z)/$(EMPTY)/$(POD)/$(A)", &env).unwrap_err(),
             "missing value for A, EMPTY, Z"
@@ -656,6 +674,9 @@ mod tests {
         }))
         .unwrap();
         let vars: BTreeMap<_, _> = service_variables(&v6).into_iter().collect();
-        assert_eq!(vars["V6_PORT"], "tcp://[fd00::1]:80", "IPv6 joined as JoinHostPort does");
+        assert_eq!(
+            vars["V6_PORT"], "tcp://[fd00::1]:80",
+            "IPv6 joined as JoinHostPort does"
+        );
     }
 }

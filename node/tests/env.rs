@@ -14,8 +14,8 @@ use skerry_apiserver::testing::TestServer;
 use skerry_client::config::{Config, Credentials};
 use skerry_client::{Api, Client, PostParams};
 use skerry_node::env::{
-    ApiLookup, EnvInput, Environment, REASON_CREATE_CONTAINER_CONFIG_ERROR, expand_command_and_args,
-    make_environment,
+    ApiLookup, EnvInput, Environment, REASON_CREATE_CONTAINER_CONFIG_ERROR,
+    expand_command_and_args, make_environment,
 };
 
 fn client(server: &TestServer) -> Client {
@@ -31,12 +31,19 @@ fn client(server: &TestServer) -> Client {
 
 async fn create<K>(client: &Client, namespace: Option<&str>, object: serde_json::Value) -> K
 where
-    K: skerry_client::object::Object + k8s_openapi::Resource + serde::de::DeserializeOwned + serde::Serialize + Clone,
+    K: skerry_client::object::Object
+        + k8s_openapi::Resource
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + Clone,
 {
     let api: Api<K> = client.api(namespace);
-    api.create(&PostParams::default(), &serde_json::from_value(object).unwrap())
-        .await
-        .unwrap()
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(object).unwrap(),
+    )
+    .await
+    .unwrap()
 }
 
 /// The objects every test reads: namespace `shop`, a ConfigMap, a Secret and two Services.
@@ -88,7 +95,10 @@ fn pod(containers: serde_json::Value, enable_service_links: bool) -> Pod {
     .unwrap()
 }
 
-async fn environment(client: &Client, pod: &Pod) -> Result<Environment, skerry_node::env::EnvError> {
+async fn environment(
+    client: &Client,
+    pod: &Pod,
+) -> Result<Environment, skerry_node::env::EnvError> {
     let allocatable: BTreeMap<String, Quantity> = [
         ("cpu".to_string(), Quantity("4".into())),
         ("memory".to_string(), Quantity("8Gi".into())),
@@ -181,7 +191,10 @@ async fn every_source_resolves() {
         assert_eq!(vars.get(name).map(String::as_str), Some(value), "{name}");
     }
     for skipped in ["MAYBE", "NOCM", "NOSECRET"] {
-        assert!(!vars.contains_key(skipped), "an optional miss sets nothing: {skipped}");
+        assert!(
+            !vars.contains_key(skipped),
+            "an optional miss sets nothing: {skipped}"
+        );
     }
     assert!(env.events.is_empty());
 }
@@ -211,7 +224,10 @@ async fn env_from_with_prefix_skips_invalid_names_with_an_event() {
     assert!(!vars.contains_key("1BAD") && !vars.contains_key("2ALSO"));
     assert_eq!(env.events.len(), 1);
     let event = &env.events[0];
-    assert_eq!((event.type_, event.reason), ("Warning", "InvalidEnvironmentVariableNames"));
+    assert_eq!(
+        (event.type_, event.reason),
+        ("Warning", "InvalidEnvironmentVariableNames")
+    );
     assert_eq!(
         event.message,
         "Keys [1BAD, 2ALSO] from the EnvFrom configMap shop/settings were skipped since they are considered invalid environment variable names."
@@ -222,13 +238,34 @@ async fn env_from_with_prefix_skips_invalid_names_with_an_event() {
 async fn missing_references_fail_as_upstream_words_them() {
     let (_server, client) = fixture().await;
     let cases = [
-        (json!({"configMapKeyRef": {"name": "settings", "key": "nope"}}), "couldn't find key nope in ConfigMap shop/settings"),
-        (json!({"secretKeyRef": {"name": "creds", "key": "nope"}}), "couldn't find key nope in Secret shop/creds"),
-        (json!({"configMapKeyRef": {"name": "absent", "key": "k"}}), "configmap \"absent\" not found"),
-        (json!({"secretKeyRef": {"name": "absent", "key": "k"}}), "secret \"absent\" not found"),
-        (json!({"fieldRef": {"fieldPath": "status.phase"}}), "unsupported fieldPath: status.phase"),
-        (json!({"resourceFieldRef": {"resource": "limits.gpu"}}), "unsupported container resource : limits.gpu"),
-        (json!({"resourceFieldRef": {"containerName": "ghost", "resource": "limits.cpu"}}), "container ghost not found"),
+        (
+            json!({"configMapKeyRef": {"name": "settings", "key": "nope"}}),
+            "couldn't find key nope in ConfigMap shop/settings",
+        ),
+        (
+            json!({"secretKeyRef": {"name": "creds", "key": "nope"}}),
+            "couldn't find key nope in Secret shop/creds",
+        ),
+        (
+            json!({"configMapKeyRef": {"name": "absent", "key": "k"}}),
+            "configmap \"absent\" not found",
+        ),
+        (
+            json!({"secretKeyRef": {"name": "absent", "key": "k"}}),
+            "secret \"absent\" not found",
+        ),
+        (
+            json!({"fieldRef": {"fieldPath": "status.phase"}}),
+            "unsupported fieldPath: status.phase",
+        ),
+        (
+            json!({"resourceFieldRef": {"resource": "limits.gpu"}}),
+            "unsupported container resource : limits.gpu",
+        ),
+        (
+            json!({"resourceFieldRef": {"containerName": "ghost", "resource": "limits.cpu"}}),
+            "container ghost not found",
+        ),
     ];
     for (value_from, want) in cases {
         let p = pod(
@@ -246,19 +283,38 @@ async fn missing_references_fail_as_upstream_words_them() {
         json!([{"name": "app", "image": "busybox", "envFrom": [{"secretRef": {"name": "absent"}}]}]),
         true,
     );
-    assert_eq!(environment(&client, &p).await.unwrap_err().message, "secret \"absent\" not found");
+    assert_eq!(
+        environment(&client, &p).await.unwrap_err().message,
+        "secret \"absent\" not found"
+    );
 }
 
 #[tokio::test]
 async fn service_links_and_the_master_service() {
     let (_server, client) = fixture().await;
     let services: Api<Service> = client.api(Some("shop"));
-    let db_ip = services.get("my-db").await.unwrap().spec.unwrap().cluster_ip.unwrap();
+    let db_ip = services
+        .get("my-db")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap();
     let master: Api<Service> = client.api(Some("default"));
-    let master_ip = master.get("kubernetes").await.unwrap().spec.unwrap().cluster_ip.unwrap();
+    let master_ip = master
+        .get("kubernetes")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap();
     let container = json!([{"name": "app", "image": "busybox"}]);
 
-    let vars = map(&environment(&client, &pod(container.clone(), true)).await.unwrap());
+    let vars = map(&environment(&client, &pod(container.clone(), true))
+        .await
+        .unwrap());
     assert_eq!(vars["MY_DB_SERVICE_HOST"], db_ip);
     assert_eq!(vars["MY_DB_SERVICE_PORT"], "5432");
     assert_eq!(vars["MY_DB_SERVICE_PORT_METRICS"], "9187");
@@ -268,8 +324,14 @@ async fn service_links_and_the_master_service() {
     assert_eq!(vars["KUBERNETES_SERVICE_HOST"], master_ip);
     assert_eq!(vars["KUBERNETES_SERVICE_PORT"], "443");
     assert_eq!(vars["KUBERNETES_SERVICE_PORT_HTTPS"], "443");
-    assert_eq!(vars["KUBERNETES_PORT_443_TCP"], format!("tcp://{master_ip}:443"));
-    assert!(!vars.keys().any(|k| k.starts_with("HEADLESS")), "no variables for a headless service");
+    assert_eq!(
+        vars["KUBERNETES_PORT_443_TCP"],
+        format!("tcp://{master_ip}:443")
+    );
+    assert!(
+        !vars.keys().any(|k| k.starts_with("HEADLESS")),
+        "no variables for a headless service"
+    );
 
     // Links off: only the master service.
     let vars = map(&environment(&client, &pod(container, false)).await.unwrap());
@@ -280,8 +342,16 @@ async fn service_links_and_the_master_service() {
     let own = json!([{"name": "app", "image": "busybox",
                       "env": [{"name": "MY_DB_SERVICE_HOST", "value": "mine"}]}]);
     let env = environment(&client, &pod(own, true)).await.unwrap();
-    let hosts: Vec<_> = env.vars.iter().filter(|(k, _)| k == "MY_DB_SERVICE_HOST").collect();
-    assert_eq!(hosts, [&("MY_DB_SERVICE_HOST".to_string(), "mine".to_string())], "once, the container's");
+    let hosts: Vec<_> = env
+        .vars
+        .iter()
+        .filter(|(k, _)| k == "MY_DB_SERVICE_HOST")
+        .collect();
+    assert_eq!(
+        hosts,
+        [&("MY_DB_SERVICE_HOST".to_string(), "mine".to_string())],
+        "once, the container's"
+    );
 }
 
 #[tokio::test]
@@ -312,7 +382,11 @@ async fn expansion_sees_earlier_variables_and_services_only() {
     assert_eq!(vars["SECOND"], "one-two");
     assert_eq!(vars["FORWARD"], "$(LATER)", "a later variable is not seen");
     assert_eq!(vars["FROM_CM"], "level=debug");
-    assert!(vars["DB"].ends_with(":5432") && !vars["DB"].contains('$'), "{}", vars["DB"]);
+    assert!(
+        vars["DB"].ends_with(":5432") && !vars["DB"].contains('$'),
+        "{}",
+        vars["DB"]
+    );
     assert_eq!(vars["ESCAPED"], "$(FIRST)");
     let container = &p.spec.as_ref().unwrap().containers[0];
     let (command, args) = expand_command_and_args(container, &vars);

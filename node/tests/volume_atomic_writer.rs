@@ -108,20 +108,33 @@ fn readers_never_see_a_partial_or_missing_file_across_a_thousand_updates() {
         .collect();
 
     for i in 1..=UPDATES {
-        assert!(writer.write(&make(i)).unwrap(), "version {i} changes the content");
+        assert!(
+            writer.write(&make(i)).unwrap(),
+            "version {i} changes the content"
+        );
     }
     stop.store(true, Ordering::Relaxed);
     for reader in readers {
         let seen = reader.join().expect("the reader saw every file whole");
-        assert!(seen > 1, "the reader raced at least one swap (saw {seen} versions)");
+        assert!(
+            seen > 1,
+            "the reader raced at least one swap (saw {seen} versions)"
+        );
     }
     assert!(reads.load(Ordering::Relaxed) > 0);
     assert_eq!(fs::read(dir.path().join("key")).unwrap(), version(UPDATES));
     // Superseded directories stay for the grace period, then go.
-    assert!(data_dirs(dir.path()).len() > 1, "recent old versions are kept");
+    assert!(
+        data_dirs(dir.path()).len() > 1,
+        "recent old versions are kept"
+    );
     std::thread::sleep(RETIRE_GRACE);
     writer.prune().unwrap();
-    assert_eq!(data_dirs(dir.path()).len(), 1, "old data directories are removed");
+    assert_eq!(
+        data_dirs(dir.path()).len(),
+        1,
+        "old data directories are removed"
+    );
     assert!(!dir.path().join("..data_tmp").exists());
 }
 
@@ -132,20 +145,42 @@ fn layout_is_links_through_data_to_a_timestamped_dir() {
     writer
         .write(&payload(&[("a", b"1", 0o644), ("d/e/f", b"2", 0o644)]))
         .unwrap();
-    assert_eq!(fs::read_link(dir.path().join("a")).unwrap(), Path::new("..data/a"));
-    assert_eq!(fs::read_link(dir.path().join("d")).unwrap(), Path::new("..data/d"));
+    assert_eq!(
+        fs::read_link(dir.path().join("a")).unwrap(),
+        Path::new("..data/a")
+    );
+    assert_eq!(
+        fs::read_link(dir.path().join("d")).unwrap(),
+        Path::new("..data/d")
+    );
     let ts = fs::read_link(dir.path().join("..data")).unwrap();
     let ts = ts.to_str().unwrap();
     // `..2006_01_02_15_04_05.<digits>`
     let rest = ts.strip_prefix("..").unwrap();
     let (stamp, random) = rest.split_once('.').unwrap();
     assert_eq!(stamp.len(), "2006_01_02_15_04_05".len(), "{ts}");
-    assert!(stamp.split('_').all(|p| p.chars().all(|c| c.is_ascii_digit())), "{ts}");
-    assert!(!random.is_empty() && random.chars().all(|c| c.is_ascii_digit()), "{ts}");
-    let mode = fs::metadata(dir.path().join(ts)).unwrap().permissions().mode() & 0o777;
+    assert!(
+        stamp
+            .split('_')
+            .all(|p| p.chars().all(|c| c.is_ascii_digit())),
+        "{ts}"
+    );
+    assert!(
+        !random.is_empty() && random.chars().all(|c| c.is_ascii_digit()),
+        "{ts}"
+    );
+    let mode = fs::metadata(dir.path().join(ts))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o755);
     assert_eq!(fs::read(dir.path().join("d/e/f")).unwrap(), b"2");
-    assert!(fs::symlink_metadata(dir.path().join("..data/d/e/f")).unwrap().is_file());
+    assert!(
+        fs::symlink_metadata(dir.path().join("..data/d/e/f"))
+            .unwrap()
+            .is_file()
+    );
 }
 
 #[test]
@@ -161,8 +196,17 @@ fn modes_are_exact_whatever_the_umask() {
             ("dir/item", b"w", 0o600),
         ]))
         .unwrap();
-    for (name, want) in [("open", 0o777), ("shared", 0o666), ("secret", 0o400), ("dir/item", 0o600)] {
-        let mode = fs::metadata(dir.path().join(name)).unwrap().permissions().mode() & 0o7777;
+    for (name, want) in [
+        ("open", 0o777),
+        ("shared", 0o666),
+        ("secret", 0o400),
+        ("dir/item", 0o600),
+    ] {
+        let mode = fs::metadata(dir.path().join(name))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777;
         assert_eq!(mode, want, "{name}: {mode:o}");
     }
 }
@@ -189,7 +233,11 @@ fn names_that_leave_the_payload_are_removed() {
         let err = fs::symlink_metadata(dir.path().join(gone)).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::NotFound, "{gone} is removed");
     }
-    assert_eq!(data_dirs(dir.path()).len(), 2, "the old directory is retired, not yet removed");
+    assert_eq!(
+        data_dirs(dir.path()).len(),
+        2,
+        "the old directory is retired, not yet removed"
+    );
     std::thread::sleep(RETIRE_GRACE);
     writer.prune().unwrap();
     let second = data_dirs(dir.path());
@@ -220,7 +268,14 @@ fn an_unchanged_payload_writes_nothing_but_restores_links() {
     assert_eq!(fs::read(dir.path().join("a")).unwrap(), b"same");
     assert_eq!(fs::read_link(dir.path().join("..data")).unwrap(), ts);
     // A content change does write.
-    assert!(writer.write(&payload(&[("a", b"new", 0o644), ("b/c", b"same too", 0o644)])).unwrap());
+    assert!(
+        writer
+            .write(&payload(&[
+                ("a", b"new", 0o644),
+                ("b/c", b"same too", 0o644)
+            ]))
+            .unwrap()
+    );
     assert_ne!(fs::read_link(dir.path().join("..data")).unwrap(), ts);
 }
 
@@ -231,11 +286,23 @@ fn bad_paths_are_refused_and_nothing_is_touched() {
     writer.write(&payload(&[("ok", b"1", 0o644)])).unwrap();
     let before = fs::read_link(dir.path().join("..data")).unwrap();
     for (bad, want) in [
-        ("../escape", "invalid path: must not contain '..': ../escape"),
-        ("a/../../b", "invalid path: must not contain '..': a/../../b"),
-        ("/etc/passwd", "invalid path: must be relative path: /etc/passwd"),
+        (
+            "../escape",
+            "invalid path: must not contain '..': ../escape",
+        ),
+        (
+            "a/../../b",
+            "invalid path: must not contain '..': a/../../b",
+        ),
+        (
+            "/etc/passwd",
+            "invalid path: must be relative path: /etc/passwd",
+        ),
         ("..data", "invalid path: must not start with '..': ..data"),
-        ("..2024_01_01", "invalid path: must not start with '..': ..2024_01_01"),
+        (
+            "..2024_01_01",
+            "invalid path: must not start with '..': ..2024_01_01",
+        ),
         ("", "invalid path: must not be empty: \"\""),
     ] {
         let p = payload(&[("ok", b"2", 0o644), (bad, b"x", 0o644)]);
@@ -260,7 +327,11 @@ fn directories_of_an_earlier_writer_are_removed_at_once() {
     // A new process (a restarted kubelet) knows nothing of the retired one.
     let mut second = AtomicWriter::new(dir.path()).unwrap();
     second.write(&payload(&[("a", b"3", 0o644)])).unwrap();
-    assert_eq!(data_dirs(dir.path()).len(), 2, "the current one and the one just retired");
+    assert_eq!(
+        data_dirs(dir.path()).len(),
+        2,
+        "the current one and the one just retired"
+    );
     assert_eq!(fs::read(dir.path().join("a")).unwrap(), b"3");
 }
 

@@ -52,10 +52,20 @@ pub fn convert_field_label(api_version: Option<&str>, label: &str) -> Result<Str
         };
     }
     match label {
-        "metadata.annotations" | "metadata.labels" | "metadata.name" | "metadata.namespace"
-        | "metadata.uid" | "spec.nodeName" | "spec.restartPolicy" | "spec.serviceAccountName"
-        | "spec.schedulerName" | "status.phase" | "status.hostIP" | "status.hostIPs"
-        | "status.podIP" | "status.podIPs" => Ok(label.to_string()),
+        "metadata.annotations"
+        | "metadata.labels"
+        | "metadata.name"
+        | "metadata.namespace"
+        | "metadata.uid"
+        | "spec.nodeName"
+        | "spec.restartPolicy"
+        | "spec.serviceAccountName"
+        | "spec.schedulerName"
+        | "status.phase"
+        | "status.hostIP"
+        | "status.hostIPs"
+        | "status.podIP"
+        | "status.podIPs" => Ok(label.to_string()),
         "spec.host" => Ok("spec.nodeName".to_string()),
         _ => Err(format!("field label not supported: {label}")),
     }
@@ -89,7 +99,10 @@ pub fn extract_field_path(pod: &Pod, path: &str) -> Result<String, String> {
                 }
                 Ok(lookup(meta.labels.as_ref(), key))
             }
-            _ => Err(format!("fieldPath {} does not support subscript", quote(path))),
+            _ => Err(format!(
+                "fieldPath {} does not support subscript",
+                quote(path)
+            )),
         };
     }
     match path {
@@ -161,7 +174,10 @@ pub fn quote(s: &str) -> String {
 /// the ASCII space, and the format and private-use characters Rust can name are escaped.
 fn is_go_printable(c: char) -> bool {
     !(c.is_control()
-        || matches!(c, '\u{a0}' | '\u{ad}' | '\u{2028}' | '\u{2029}' | '\u{feff}')
+        || matches!(
+            c,
+            '\u{a0}' | '\u{ad}' | '\u{2028}' | '\u{2029}' | '\u{feff}'
+        )
         || ('\u{2000}'..='\u{200f}').contains(&c)
         || ('\u{e000}'..='\u{f8ff}').contains(&c))
 }
@@ -219,7 +235,13 @@ pub fn container_resource_value(
     let resources = container.resources.as_ref();
     let value = |limits: bool, name: &str| -> Quantity {
         resources
-            .and_then(|r| if limits { r.limits.as_ref() } else { r.requests.as_ref() })
+            .and_then(|r| {
+                if limits {
+                    r.limits.as_ref()
+                } else {
+                    r.requests.as_ref()
+                }
+            })
             .and_then(|l| l.get(name))
             .and_then(|q| Quantity::parse(q.0.trim()))
             .unwrap_or(Quantity(0))
@@ -313,7 +335,11 @@ mod tests {
     fn resources_in_units_of_the_divisor_rounded_up() {
         let c = container(
             &[("cpu", "2"), ("memory", "128Mi"), ("hugepages-2Mi", "4Mi")],
-            &[("cpu", "250m"), ("memory", "100M"), ("ephemeral-storage", "1Gi")],
+            &[
+                ("cpu", "250m"),
+                ("memory", "100M"),
+                ("ephemeral-storage", "1Gi"),
+            ],
         );
         let cases = [
             ("limits.cpu", None, "2"),
@@ -356,12 +382,18 @@ mod tests {
             ("hugepages-2Mi".to_string(), q("1Gi")),
         ]
         .into();
-        let merged = merge_limits(&container(&[("cpu", "0"), ("memory", "1Gi")], &[]), &allocatable);
+        let merged = merge_limits(
+            &container(&[("cpu", "0"), ("memory", "1Gi")], &[]),
+            &allocatable,
+        );
         let limits = merged.resources.unwrap().limits.unwrap();
         assert_eq!(limits["cpu"], q("4"), "a zero limit is defaulted");
         assert_eq!(limits["memory"], q("1Gi"), "a set limit stays");
         assert_eq!(limits["ephemeral-storage"], q("100Gi"));
-        assert!(!limits.contains_key("hugepages-2Mi"), "hugepages are never defaulted");
+        assert!(
+            !limits.contains_key("hugepages-2Mi"),
+            "hugepages are never defaulted"
+        );
     }
 
     #[test]
@@ -395,12 +427,24 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(extract_field_path(&pod, "metadata.name").unwrap(), "web-0");
-        assert_eq!(extract_field_path(&pod, "metadata.namespace").unwrap(), "shop");
+        assert_eq!(
+            extract_field_path(&pod, "metadata.namespace").unwrap(),
+            "shop"
+        );
         assert_eq!(extract_field_path(&pod, "metadata.uid").unwrap(), "u-1");
-        assert_eq!(extract_field_path(&pod, "metadata.labels['app']").unwrap(), "web");
-        assert_eq!(extract_field_path(&pod, "metadata.labels['none']").unwrap(), "");
+        assert_eq!(
+            extract_field_path(&pod, "metadata.labels['app']").unwrap(),
+            "web"
+        );
+        assert_eq!(
+            extract_field_path(&pod, "metadata.labels['none']").unwrap(),
+            ""
+        );
         // Annotation keys are checked in lower case, looked up as written.
-        assert_eq!(extract_field_path(&pod, "metadata.annotations['Note']").unwrap(), "x");
+        assert_eq!(
+            extract_field_path(&pod, "metadata.annotations['Note']").unwrap(),
+            "x"
+        );
         assert!(
             extract_field_path(&pod, "metadata.labels['bad key']")
                 .unwrap_err()
@@ -414,7 +458,10 @@ mod tests {
             extract_field_path(&pod, "spec.restartPolicy").unwrap_err(),
             "unsupported fieldPath: spec.restartPolicy"
         );
-        assert_eq!(convert_field_label(None, "spec.host").unwrap(), "spec.nodeName");
+        assert_eq!(
+            convert_field_label(None, "spec.host").unwrap(),
+            "spec.nodeName"
+        );
         assert_eq!(
             convert_field_label(Some("v2"), "metadata.name").unwrap_err(),
             "unsupported pod version: v2"

@@ -159,7 +159,9 @@ impl AtomicWriter {
             .to_owned();
         let new_data_dir = self.target_dir.join(NEW_DATA_DIR_NAME);
         match fs::remove_file(&new_data_dir) {
-            Ok(()) => tracing::warn!(dir = %self.target_dir.display(), "removed a stale ..data_tmp"),
+            Ok(()) => {
+                tracing::warn!(dir = %self.target_dir.display(), "removed a stale ..data_tmp")
+            }
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(io_err("remove a stale ..data_tmp", &new_data_dir)(e)),
         }
@@ -412,9 +414,15 @@ mod tests {
         }
         let cases = [
             ("", "invalid path: must not be empty: \"\""),
-            ("/etc/passwd", "invalid path: must be relative path: /etc/passwd"),
+            (
+                "/etc/passwd",
+                "invalid path: must be relative path: /etc/passwd",
+            ),
             ("a/../b", "invalid path: must not contain '..': a/../b"),
-            ("..data/x", "invalid path: must not start with '..': ..data/x"),
+            (
+                "..data/x",
+                "invalid path: must not start with '..': ..data/x",
+            ),
             ("..x", "invalid path: must not start with '..': ..x"),
         ];
         for (path, want) in cases {

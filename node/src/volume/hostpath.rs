@@ -44,7 +44,9 @@ fn check_type(path: &Path, path_type: &str) -> Result<(), String> {
                     .map_err(|e| format!("mkdir {shown}: {e}"));
             }
             if !is(fs::FileType::is_dir) {
-                return Err(format!("hostPath type check failed: {shown} is not a directory"));
+                return Err(format!(
+                    "hostPath type check failed: {shown} is not a directory"
+                ));
             }
         }
         "FileOrCreate" | "File" => {
@@ -67,7 +69,9 @@ fn check_type(path: &Path, path_type: &str) -> Result<(), String> {
         }
         "Socket" => {
             if !is(FileTypeExt::is_socket) {
-                return Err(format!("hostPath type check failed: {shown} is not a socket file"));
+                return Err(format!(
+                    "hostPath type check failed: {shown} is not a socket file"
+                ));
             }
         }
         "CharDevice" => {
@@ -79,7 +83,9 @@ fn check_type(path: &Path, path_type: &str) -> Result<(), String> {
         }
         "BlockDevice" => {
             if !is(FileTypeExt::is_block_device) {
-                return Err(format!("hostPath type check failed: {shown} is not a block device"));
+                return Err(format!(
+                    "hostPath type check failed: {shown} is not a block device"
+                ));
             }
         }
         other => return Err(format!("{other} is an invalid volume type")),

@@ -221,7 +221,11 @@ impl<L: Lookup, T: TokenSource> VolumeManager<L, T> {
                 });
             }
         }
-        if failures.is_empty() { Ok(()) } else { Err(SetUpError { failures }) }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(SetUpError { failures })
+        }
     }
 
     async fn set_up_volume(
@@ -242,7 +246,8 @@ impl<L: Lookup, T: TokenSource> VolumeManager<L, T> {
         if let Some(empty) = &volume.empty_dir {
             let dir = self.volume_dir(&uid, PLUGIN_EMPTY_DIR, name);
             let memory = empty.medium.as_deref() == Some(MEDIUM_MEMORY);
-            let size = memory.then(|| memory_volume_size(pod, allocatable, empty.size_limit.as_ref()));
+            let size =
+                memory.then(|| memory_volume_size(pod, allocatable, empty.size_limit.as_ref()));
             make_dir(&dir, memory, size.flatten())?;
             return Ok(mounted(dir, false));
         }
@@ -251,9 +256,17 @@ impl<L: Lookup, T: TokenSource> VolumeManager<L, T> {
             return Ok(mounted(PathBuf::from(&host.path), false));
         }
         let (plugin, memory, payload) = if let Some(source) = &volume.config_map {
-            (PLUGIN_CONFIG_MAP, false, sources::config_map_volume(&self.lookup, namespace, source).await?)
+            (
+                PLUGIN_CONFIG_MAP,
+                false,
+                sources::config_map_volume(&self.lookup, namespace, source).await?,
+            )
         } else if let Some(source) = &volume.secret {
-            (PLUGIN_SECRET, true, sources::secret_volume(&self.lookup, namespace, source).await?)
+            (
+                PLUGIN_SECRET,
+                true,
+                sources::secret_volume(&self.lookup, namespace, source).await?,
+            )
         } else if let Some(source) = &volume.downward_api {
             let mode = source
                 .default_mode
@@ -346,7 +359,9 @@ impl<L: Lookup, T: TokenSource> VolumeManager<L, T> {
         } else if volume.projected.is_some() {
             (self.volume_dir(uid, PLUGIN_PROJECTED, name), true)
         } else {
-            return Err(format!("volume \"{name}\" is of a type skerry's kubelet does not support"));
+            return Err(format!(
+                "volume \"{name}\" is of a type skerry's kubelet does not support"
+            ));
         })
     }
 
@@ -363,8 +378,10 @@ impl<L: Lookup, T: TokenSource> VolumeManager<L, T> {
             if fs::symlink_metadata(&dir).is_err() {
                 continue;
             }
-            mount::unmount_all_under(&dir).map_err(|e| format!("unmount under {}: {e}", dir.display()))?;
-            let canonical = fs::canonicalize(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            mount::unmount_all_under(&dir)
+                .map_err(|e| format!("unmount under {}: {e}", dir.display()))?;
+            let canonical =
+                fs::canonicalize(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             let still = mount::mounts()
                 .map_err(|e| format!("read the mount table: {e}"))?
                 .into_iter()
@@ -378,7 +395,10 @@ impl<L: Lookup, T: TokenSource> VolumeManager<L, T> {
         state.volumes.clear();
         state.writers.clear();
         drop(state);
-        self.pods.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+        self.pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid);
         Ok(())
     }
 }
@@ -393,7 +413,7 @@ fn make_dir(dir: &Path, memory: bool, size: Option<u64>) -> Result<(), String> {
     fs::create_dir_all(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
     if memory {
         let mounted = mount::mount_at(dir).map_err(|e| format!("read the mount table: {e}"))?;
-        if !mounted.is_some_and(|m| m.fs_type == TMPFS) {
+        if mounted.is_none_or(|m| m.fs_type != TMPFS) {
             mount::mount_tmpfs(dir, size)
                 .map_err(|e| format!("mount tmpfs on {}: {e}", dir.display()))?;
         }
@@ -402,7 +422,12 @@ fn make_dir(dir: &Path, memory: bool, size: Option<u64>) -> Result<(), String> {
         .map_err(|e| format!("chmod {}: {e}", dir.display()))
 }
 
-fn write_payload(state: &mut PodState, name: &str, dir: &Path, payload: &Payload) -> Result<(), String> {
+fn write_payload(
+    state: &mut PodState,
+    name: &str,
+    dir: &Path,
+    payload: &Payload,
+) -> Result<(), String> {
     if !state.writers.contains_key(name) {
         let writer = AtomicWriter::new(dir).map_err(|e| e.to_string())?;
         state.writers.insert(name.to_string(), writer);

@@ -85,8 +85,14 @@ pub fn mount_at(path: &Path) -> io::Result<Option<MountEntry>> {
 pub fn mount_tmpfs(dir: &Path, size_bytes: Option<u64>) -> io::Result<()> {
     let data = size_bytes.map(|s| format!("size={s}")).unwrap_or_default();
     let data = std::ffi::CString::new(data).expect("a formatted number holds no NUL byte");
-    rustix::mount::mount("tmpfs", dir, "tmpfs", MountFlags::empty(), Some(data.as_c_str()))
-        .map_err(io::Error::from)
+    rustix::mount::mount(
+        "tmpfs",
+        dir,
+        "tmpfs",
+        MountFlags::empty(),
+        Some(data.as_c_str()),
+    )
+    .map_err(io::Error::from)
 }
 
 /// Bind-mounts `source` on `target`.

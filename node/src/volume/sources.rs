@@ -23,7 +23,8 @@ pub const DEFAULT_MODE: u32 = 0o644;
 
 /// The file mode of a configured mode (the API carries it as an `int32`).
 fn mode_of(mode: Option<i32>, default_mode: u32) -> u32 {
-    mode.and_then(|m| u32::try_from(m).ok()).unwrap_or(default_mode)
+    mode.and_then(|m| u32::try_from(m).ok())
+        .unwrap_or(default_mode)
 }
 
 /// The payload of a ConfigMap (`configmap.MakePayload`): `data` and `binaryData`.
@@ -59,7 +60,10 @@ pub fn config_map_payload(
                         item.key
                     ));
                 };
-                payload.insert(item.path.clone(), file(bytes, mode_of(item.mode, default_mode)));
+                payload.insert(
+                    item.path.clone(),
+                    file(bytes, mode_of(item.mode, default_mode)),
+                );
             }
         }
     }
@@ -87,10 +91,7 @@ pub fn secret_payload(
                     if optional {
                         continue;
                     }
-                    return Err(format!(
-                        "references non-existent secret key: {}",
-                        item.key
-                    ));
+                    return Err(format!("references non-existent secret key: {}", item.key));
                 };
                 payload.insert(
                     item.path.clone(),
@@ -123,7 +124,10 @@ pub fn downward_api_payload(
         } else if let Some(selector) = &item.resource_field_ref {
             let name = selector.container_name.as_deref().unwrap_or_default();
             let value = fieldpath::find_container(pod, name).and_then(|c| {
-                fieldpath::container_resource_value(selector, &fieldpath::merge_limits(c, allocatable))
+                fieldpath::container_resource_value(
+                    selector,
+                    &fieldpath::merge_limits(c, allocatable),
+                )
             });
             match value {
                 Ok(v) => data = v.into_bytes(),
@@ -132,7 +136,11 @@ pub fn downward_api_payload(
         }
         payload.insert(clean(&item.path), file(data, mode));
     }
-    if errors.is_empty() { Ok(payload) } else { Err(errors) }
+    if errors.is_empty() {
+        Ok(payload)
+    } else {
+        Err(errors)
+    }
 }
 
 fn clean(path: &str) -> String {
@@ -234,7 +242,12 @@ pub async fn projected_volume<L: Lookup, T: TokenSource>(
                 Err(e) => errors.push(e),
             }
         } else if let Some(d) = &projection.downward_api {
-            match downward_api_payload(d.items.as_deref().unwrap_or_default(), pod, allocatable, default_mode) {
+            match downward_api_payload(
+                d.items.as_deref().unwrap_or_default(),
+                pod,
+                allocatable,
+                default_mode,
+            ) {
                 Ok(p) => payload.extend(p),
                 Err(e) => errors.push(aggregate(e)),
             }
@@ -251,7 +264,10 @@ pub async fn projected_volume<L: Lookup, T: TokenSource>(
                 .and_then(|s| s.service_account_name.as_deref())
                 .filter(|s| !s.is_empty())
                 .unwrap_or("default");
-            match tokens.get_service_account_token(namespace, account, &request).await {
+            match tokens
+                .get_service_account_token(namespace, account, &request)
+                .await
+            {
                 Ok(tr) => {
                     let token = tr.status.map(|s| s.token).unwrap_or_default();
                     payload.insert(t.path.clone(), file(token.into_bytes(), default_mode));
@@ -277,4 +293,3 @@ pub fn aggregate(mut errors: Vec<String>) -> String {
         many => format!("[{}]", many.join(", ")),
     }
 }
-

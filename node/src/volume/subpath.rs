@@ -49,10 +49,14 @@ pub struct SubPath<'a> {
 /// Checks the subPath's form as upstream's `makeMounts` does, before touching anything.
 pub fn validate(sub_path: &str) -> Result<(), String> {
     if sub_path.starts_with('/') {
-        return Err(format!("error SubPath `{sub_path}` must not be an absolute path"));
+        return Err(format!(
+            "error SubPath `{sub_path}` must not be an absolute path"
+        ));
     }
     if sub_path.split('/').any(|p| p == "..") {
-        return Err(format!("unable to provision SubPath `{sub_path}`: must not contain '..'"));
+        return Err(format!(
+            "unable to provision SubPath `{sub_path}`: must not contain '..'"
+        ));
     }
     Ok(())
 }
@@ -122,9 +126,13 @@ pub fn bind_sub_path(sp: &SubPath<'_>, host_path: &Path, target: &Path) -> Resul
     let fd = safe_open(&volume, &resolved)
         .map_err(|e| format!("error opening subpath {}: {e}", resolved.display()))?;
     let is_dir = FileType::from_raw_mode(
-        rustix::fs::fstat(&fd).map_err(|e| format!("fstat: {e}"))?.st_mode,
+        rustix::fs::fstat(&fd)
+            .map_err(|e| format!("fstat: {e}"))?
+            .st_mode,
     ) == FileType::Directory;
-    let parent = target.parent().expect("the target is under the pod's directory");
+    let parent = target
+        .parent()
+        .expect("the target is under the pod's directory");
     fs::create_dir_all(parent).map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
     if is_dir {
         match fs::create_dir(target) {
@@ -147,11 +155,19 @@ pub fn bind_sub_path(sp: &SubPath<'_>, host_path: &Path, target: &Path) -> Resul
 /// Opens `path` (below `base`, both resolved) one component at a time without following a
 /// symlink anywhere (`doSafeOpen`).
 fn safe_open(base: &Path, path: &Path) -> Result<OwnedFd, String> {
-    let rel = path
-        .strip_prefix(base)
-        .map_err(|_| format!("path {} is outside of allowed base {}", path.display(), base.display()))?;
-    let mut fd = rustix::fs::open(base, OFlags::NOFOLLOW | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::PATH, Mode::empty())
-        .map_err(|e| format!("cannot open {}: {e}", base.display()))?;
+    let rel = path.strip_prefix(base).map_err(|_| {
+        format!(
+            "path {} is outside of allowed base {}",
+            path.display(),
+            base.display()
+        )
+    })?;
+    let mut fd = rustix::fs::open(
+        base,
+        OFlags::NOFOLLOW | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::PATH,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("cannot open {}: {e}", base.display()))?;
     let mut current = base.to_path_buf();
     for component in rel.components() {
         let Component::Normal(name) = component else {
@@ -174,15 +190,24 @@ fn safe_open(base: &Path, path: &Path) -> Result<OwnedFd, String> {
 /// (`doSafeMakeDir`): existing components are opened `O_NOFOLLOW`, so a symlink among them
 /// is refused; new ones are made with `mode` and chmod-ed to it.
 fn safe_make_dir(base: &Path, sub_path: &str, mode: u32) -> Result<(), String> {
-    let mut fd = rustix::fs::open(base, OFlags::NOFOLLOW | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|e| format!("cannot open directory {}: {e}", base.display()))?;
+    let mut fd = rustix::fs::open(
+        base,
+        OFlags::NOFOLLOW | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("cannot open directory {}: {e}", base.display()))?;
     let mut current = base.to_path_buf();
     for name in sub_path.split('/').filter(|p| !p.is_empty() && *p != ".") {
         current.push(name);
         match rustix::fs::mkdirat(fd.as_fd(), name, Mode::from_raw_mode(mode)) {
             Ok(()) => {
-                rustix::fs::chmodat(fd.as_fd(), name, Mode::from_raw_mode(mode), rustix::fs::AtFlags::empty())
-                    .map_err(|e| format!("chmod {}: {e}", current.display()))?;
+                rustix::fs::chmodat(
+                    fd.as_fd(),
+                    name,
+                    Mode::from_raw_mode(mode),
+                    rustix::fs::AtFlags::empty(),
+                )
+                .map_err(|e| format!("chmod {}: {e}", current.display()))?;
             }
             Err(rustix::io::Errno::EXIST) => {}
             Err(e) => return Err(format!("mkdir {}: {e}", current.display())),

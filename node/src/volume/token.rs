@@ -144,9 +144,9 @@ impl<T: TokenSource> TokenManager<T> {
             }
             Err(e) => match cached {
                 None => Err(format!("failed to fetch token: {e}")),
-                Some(cached) if self.expired(&cached) => Err(format!(
-                    "token {key} expired and refresh failed: {e}"
-                )),
+                Some(cached) if self.expired(&cached) => {
+                    Err(format!("token {key} expired and refresh failed: {e}"))
+                }
                 Some(cached) => {
                     tracing::error!(cache_key = %key, error = %e, "couldn't update token");
                     Ok(cached)
@@ -291,7 +291,10 @@ mod tests {
         let hour = token(start + Duration::from_secs(3600), 3600);
         let at = |s: u64| start + Duration::from_secs(s);
         assert!(!requires_refresh(at(0), &hour, Duration::ZERO));
-        assert!(!requires_refresh(at(2880), &hour, Duration::ZERO), "exactly 80 %");
+        assert!(
+            !requires_refresh(at(2880), &hour, Duration::ZERO),
+            "exactly 80 %"
+        );
         assert!(requires_refresh(at(2881), &hour, Duration::ZERO));
         // The jitter moves the threshold earlier.
         assert!(requires_refresh(at(2875), &hour, Duration::from_secs(9)));
