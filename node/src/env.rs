@@ -456,14 +456,20 @@ pub async fn service_env_map<L: Lookup>(
 ) -> Result<BTreeMap<String, String>, EnvError> {
     let failed = |_| EnvError::new("failed to list services when setting up env vars");
     let mut chosen: BTreeMap<String, Arc<Service>> = BTreeMap::new();
-    for service in lookup.services(MASTER_NAMESPACE).await.map_err(failed)? {
+    let master = lookup.services(MASTER_NAMESPACE).await.map_err(failed)?;
+    for service in &master {
         let name = service.metadata.name.clone().unwrap_or_default();
-        if is_service_ip_set(&service) && MASTER_SERVICES.contains(&name.as_str()) {
-            chosen.insert(name, service);
+        if is_service_ip_set(service) && MASTER_SERVICES.contains(&name.as_str()) {
+            chosen.insert(name, service.clone());
         }
     }
     if enable_service_links {
-        for service in lookup.services(namespace).await.map_err(failed)? {
+        let own = if namespace == MASTER_NAMESPACE {
+            master
+        } else {
+            lookup.services(namespace).await.map_err(failed)?
+        };
+        for service in own {
             if !is_service_ip_set(&service) {
                 continue;
             }

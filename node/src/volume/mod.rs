@@ -499,3 +499,60 @@ fn pod_memory_limit(pod: &Pod) -> Option<u64> {
     let whole = total / 1_000_000_000 + i128::from(total % 1_000_000_000 != 0);
     u64::try_from(whole).ok()
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a test panics to fail")]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
+
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": spec}))
+            .unwrap()
+    }
+
+    fn limited(name: &str, memory: &str) -> serde_json::Value {
+        serde_json::json!({"name": name, "resources": {"limits": {"memory": memory}}})
+    }
+
+    #[test]
+    fn memory_volumes_are_sized_as_upstream_sizes_them() {
+        let allocatable: Allocatable = [("memory".to_string(), ApiQuantity("1Gi".into()))].into();
+        let mi = |n: u64| Some(n * 1024 * 1024);
+        let q = |s: &str| ApiQuantity(s.into());
+        // Every container limited: the sum (sidecars added), at least each init container
+        // plus the sidecars started before it.
+        let p = pod(serde_json::json!({
+            "containers": [limited("a", "100Mi"), limited("b", "50Mi")],
+            "initContainers": [
+                {"name": "side", "restartPolicy": "Always", "resources": {"limits": {"memory": "30Mi"}}},
+                limited("big-init", "400Mi"),
+            ],
+        }));
+        assert_eq!(memory_volume_size(&p, &allocatable, None), mi(430));
+        assert_eq!(
+            memory_volume_size(&p, &allocatable, Some(&q("64Mi"))),
+            mi(64)
+        );
+        assert_eq!(
+            memory_volume_size(&p, &allocatable, Some(&q("2Gi"))),
+            mi(430),
+            "a larger sizeLimit does not count"
+        );
+        assert_eq!(
+            memory_volume_size(&p, &allocatable, Some(&q("0"))),
+            mi(430),
+            "zero means none"
+        );
+        // One container without a limit: the pod is unbounded, the node's allocatable counts.
+        let p = pod(serde_json::json!({"containers": [limited("a", "100Mi"), {"name": "b"}]}));
+        assert_eq!(memory_volume_size(&p, &allocatable, None), mi(1024));
+        // A pod limit above the node's allocatable does not raise it.
+        let p = pod(serde_json::json!({"containers": [limited("a", "4Gi")]}));
+        assert_eq!(memory_volume_size(&p, &allocatable, None), mi(1024));
+        // Nothing known: the kernel's default.
+        let p = pod(serde_json::json!({"containers": [{"name": "a"}]}));
+        assert_eq!(memory_volume_size(&p, &Allocatable::new(), None), None);
+    }
+}

@@ -308,4 +308,89 @@ mod tests {
         none.spec.expiration_seconds = None;
         assert!(!requires_refresh(at(100_000), &none, Duration::ZERO));
     }
+
+    struct Manual(std::sync::Mutex<SystemTime>);
+    impl Clock for Manual {
+        fn now(&self) -> SystemTime {
+            *self.0.lock().unwrap()
+        }
+    }
+
+    /// Answers a token expiring `life` after the clock's now, or fails when told to.
+    struct Flaky {
+        clock: Arc<Manual>,
+        fail: std::sync::atomic::AtomicBool,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+    impl TokenSource for Flaky {
+        async fn request_token(
+            &self,
+            _namespace: &str,
+            _name: &str,
+            request: &TokenRequest,
+        ) -> Result<TokenRequest, String> {
+            use std::sync::atomic::Ordering;
+            let n = self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.fail.load(Ordering::SeqCst) {
+                return Err("apiserver unreachable".into());
+            }
+            let seconds = request.spec.expiration_seconds.unwrap_or(3600);
+            let exp = self.clock.now() + Duration::from_secs(u64::try_from(seconds).unwrap());
+            let mut tr = token(exp, seconds);
+            tr.spec = request.spec.clone();
+            tr.status.as_mut().unwrap().token = format!("token-{n}");
+            Ok(tr)
+        }
+    }
+
+    #[tokio::test]
+    async fn cached_until_due_then_served_stale_until_expiry_when_refresh_fails() {
+        use std::sync::atomic::Ordering;
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let clock = Arc::new(Manual(std::sync::Mutex::new(start)));
+        let source = Flaky {
+            clock: clock.clone(),
+            fail: false.into(),
+            calls: 0.into(),
+        };
+        let manager = TokenManager::new(source, clock.clone());
+        let request = projected_request(Some("vault"), Some(600), "web-0", "uid-1");
+        let set = |s: u64| *clock.0.lock().unwrap() = start + Duration::from_secs(s);
+        let get = || manager.get_service_account_token("shop", "robot", &request);
+        let token_of = |tr: TokenRequest| tr.status.unwrap().token;
+
+        assert_eq!(token_of(get().await.unwrap()), "token-0");
+        set(100);
+        assert_eq!(token_of(get().await.unwrap()), "token-0", "cached");
+        // Past 80 %: refreshed.
+        set(481);
+        assert_eq!(token_of(get().await.unwrap()), "token-1");
+        // Due again (the new token was issued at 481), but the apiserver fails: the cached
+        // token is served while it is valid, then the failure is reported.
+        manager.source.fail.store(true, Ordering::SeqCst);
+        set(481 + 500);
+        assert_eq!(token_of(get().await.unwrap()), "token-1", "stale but valid");
+        set(481 + 601);
+        let err = get().await.unwrap_err();
+        assert!(
+            err.contains("expired and refresh failed: apiserver unreachable"),
+            "{err}"
+        );
+        // Expired tokens go on cleanup; a pod's tokens go with the pod.
+        manager.cleanup();
+        assert!(manager.is_empty());
+        manager.source.fail.store(false, Ordering::SeqCst);
+        get().await.unwrap();
+        assert_eq!(manager.len(), 1);
+        manager.delete_pod_tokens("other-uid");
+        assert_eq!(manager.len(), 1);
+        manager.delete_pod_tokens("uid-1");
+        assert!(manager.is_empty());
+        // A first request that fails says so.
+        manager.source.fail.store(true, Ordering::SeqCst);
+        assert_eq!(
+            get().await.unwrap_err(),
+            "failed to fetch token: apiserver unreachable"
+        );
+    }
 }
