@@ -10,6 +10,9 @@
 //! `127.0.0.1` and `localhost`, and an admin client certificate (`CN=kubernetes-admin`,
 //! `O=system:masters`) as kubeadm's admin kubeconfig carries. [`TestServer::issue_client_cert`]
 //! signs more users; [`TestServer::admin_token`] is a bearer token of a `system:masters` user.
+//! A fresh P-256 service-account key signs `serviceaccounts/<name>/token` requests and
+//! verifies the tokens it issued, as `skerry server`'s does (the node's projected-token tests
+//! request them).
 //!
 //! There is no compactor: a test that needs a compacted store compacts [`TestServer::store`]
 //! itself, at the moment it chooses.
@@ -28,6 +31,7 @@ use skerry_tls::pki::{Ca, Names};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::auth::serviceaccount::{ISSUER_DEFAULT, TokenIssuer};
 use crate::auth::token::TokenFile;
 use crate::auth::{Authenticator, GROUP_MASTERS, x509};
 use crate::handler::Config;
@@ -91,6 +95,16 @@ impl TestServer {
         ))
         .context("build the token file")?;
 
+        let sa_key = ring::signature::EcdsaKeyPair::generate_pkcs8(
+            &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+            &ring::rand::SystemRandom::new(),
+        )
+        .map_err(|_| anyhow!("generate the service-account key"))?;
+        let api_audiences = vec![ISSUER_DEFAULT.to_string()];
+        let issuer = TokenIssuer::new(sa_key.as_ref(), ISSUER_DEFAULT, api_audiences.clone())
+            .context("load the service-account key")?;
+        let verifier = issuer.verifier(api_audiences);
+
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .context("bind the API listener")?;
@@ -106,9 +120,9 @@ impl TestServer {
                 server_address: addr.to_string(),
                 authenticator: Authenticator {
                     token_file: Some(token_file),
-                    service_accounts: None,
+                    service_accounts: Some(verifier),
                 },
-                token_issuer: None,
+                token_issuer: Some(issuer),
                 // No compactor: tests compact the store themselves when they mean to.
                 compaction_interval: None,
                 service_cidr,
