@@ -76,7 +76,17 @@ pub fn cni_bin_dir() -> PathBuf {
 /// `cgroupDriver`, so pods' cgroups are plain directories on cgroup v1 and v2 alike), CNI from
 /// `cni_bin_dir` with its config under the data dir, registry hosts under the data dir, and the
 /// streaming server (exec, attach, port-forward) on loopback only: the kubelet proxies it.
-pub fn config_toml(layout: &Layout, sandbox_image: &str, cni_bin_dir: &Path) -> String {
+///
+/// `restrict_oom_score_adj` clamps the OOM score adjustments the CRI plugin asks runc for to
+/// containerd's own: needed where skerry runs without `CAP_SYS_RESOURCE` (a container, some
+/// VMs), where the sandbox's -998 (the kubelet's `qos.PodInfraOOMAdj`) makes runc fail with
+/// "failed to update /proc/self/oom_score_adj: Permission denied".
+pub fn config_toml(
+    layout: &Layout,
+    sandbox_image: &str,
+    cni_bin_dir: &Path,
+    restrict_oom_score_adj: bool,
+) -> String {
     let s = |p: &Path| toml_string(&p.display().to_string());
     let cri = "plugins.\"io.containerd.grpc.v1.cri\"";
     let mut out = String::new();
@@ -109,6 +119,7 @@ pub fn config_toml(layout: &Layout, sandbox_image: &str, cni_bin_dir: &Path) -> 
     // Port 0: any free port; the kubelet learns the URL from each Exec/Attach answer.
     let _ = writeln!(out, "  stream_server_port = \"0\"");
     let _ = writeln!(out, "  enable_selinux = false");
+    let _ = writeln!(out, "  restrict_oom_score_adj = {restrict_oom_score_adj}");
     let _ = writeln!(out);
     let _ = writeln!(out, "[{cri}.containerd]");
     let _ = writeln!(out, "  snapshotter = \"overlayfs\"");
@@ -127,6 +138,21 @@ pub fn config_toml(layout: &Layout, sandbox_image: &str, cni_bin_dir: &Path) -> 
     let _ = writeln!(out, "[{cri}.registry]");
     let _ = writeln!(out, "  config_path = {}", s(&layout.registry_config_dir));
     out
+}
+
+/// Whether this process holds `CAP_SYS_RESOURCE` (capability 24, `linux/capability.h`), read
+/// from the `CapEff` mask in `/proc/self/status`.
+pub fn has_cap_sys_resource() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        })
+        .is_some_and(|mask| mask & (1 << CAP_SYS_RESOURCE) != 0)
 }
 
 /// A TOML basic string: quotes, backslashes and control characters escaped.
@@ -154,7 +180,12 @@ mod tests {
     #[test]
     fn config_names_everything_under_the_data_dir() {
         let layout = Layout::new(Path::new("/data/x"));
-        let toml = config_toml(&layout, "skerry.local/pause:1", Path::new("/usr/lib/cni"));
+        let toml = config_toml(
+            &layout,
+            "skerry.local/pause:1",
+            Path::new("/usr/lib/cni"),
+            true,
+        );
         for want in [
             "version = 2",
             "root = \"/data/x/agent/containerd\"",
@@ -168,6 +199,7 @@ mod tests {
             "conf_dir = \"/data/x/agent/etc/cni/net.d\"",
             "config_path = \"/data/x/agent/etc/containerd/certs.d\"",
             "stream_server_address = \"127.0.0.1\"",
+            "restrict_oom_score_adj = true",
         ] {
             assert!(toml.contains(want), "missing {want:?} in\n{toml}");
         }

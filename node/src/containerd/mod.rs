@@ -251,7 +251,12 @@ fn prepare_files(layout: &Layout, sandbox_image: &str) -> Result<(), ContainerdE
     {
         std::fs::create_dir_all(parent).map_err(files(parent))?;
     }
-    let toml = config::config_toml(layout, sandbox_image, &config::cni_bin_dir());
+    let toml = config::config_toml(
+        layout,
+        sandbox_image,
+        &config::cni_bin_dir(),
+        !config::has_cap_sys_resource(),
+    );
     std::fs::write(&layout.config, toml).map_err(files(&layout.config))?;
     Ok(())
 }
