@@ -81,6 +81,9 @@ pub struct Descriptor {
     pub platform: Option<serde_json::Value>,
 }
 
+/// An archive's blobs (children before parents) and its `(name, root)` pairs.
+type Contents = (Vec<Blob>, Vec<(String, Descriptor)>);
+
 /// Where a blob's bytes are.
 #[derive(Clone, Debug)]
 pub enum BlobData {
@@ -478,9 +481,7 @@ impl Collector {
     }
 }
 
-fn read_oci_layout(
-    reader: &mut Reader,
-) -> Result<(Vec<Blob>, Vec<(String, Descriptor)>), ArchiveError> {
+fn read_oci_layout(reader: &mut Reader) -> Result<Contents, ArchiveError> {
     let entry = reader.entry("index.json")?;
     let bytes = reader.read_json_bytes(entry, "index.json")?;
     let index: OciIndex =
@@ -670,9 +671,7 @@ struct OutManifest<'a> {
     layers: Vec<Descriptor>,
 }
 
-fn read_docker_archive(
-    reader: &mut Reader,
-) -> Result<(Vec<Blob>, Vec<(String, Descriptor)>), ArchiveError> {
+fn read_docker_archive(reader: &mut Reader) -> Result<Contents, ArchiveError> {
     let entry = reader.entry("manifest.json")?;
     let bytes = reader.read_json_bytes(entry, "manifest.json")?;
     let manifest: Vec<DockerManifestEntry> = serde_json::from_slice(&bytes)

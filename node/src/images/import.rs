@@ -369,7 +369,7 @@ fn write_request(
         action: proto::content::WriteAction::Write as i32,
         r#ref: write_ref.to_string(),
         offset: offset as i64,
-        data: data.into(),
+        data,
         ..Default::default()
     }
 }

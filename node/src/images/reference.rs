@@ -69,9 +69,6 @@ pub fn normalize(reference: &str) -> Result<String, ReferenceError> {
         }
         _ => (DEFAULT_DOMAIN, name.to_string()),
     };
-    if domain != domain.to_ascii_lowercase() && domain.contains(':') {
-        // Upper case is allowed in a domain, as upstream, but not in paths.
-    }
     let domain = if domain == LEGACY_DEFAULT_DOMAIN {
         DEFAULT_DOMAIN
     } else {
@@ -92,11 +89,7 @@ pub fn normalize(reference: &str) -> Result<String, ReferenceError> {
              '__' or '-'",
         ));
     }
-    if domain.is_empty()
-        || !domain
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':'))
-    {
+    if !valid_domain(domain) {
         return Err(err("invalid registry domain"));
     }
     let full_name = format!("{domain}/{path}");
@@ -120,6 +113,24 @@ pub fn normalize(reference: &str) -> Result<String, ReferenceError> {
         out.push_str(digest);
     }
     Ok(out)
+}
+
+/// `host[:port]`, the host's dot-separated labels alphanumeric at both ends (`regexp.go`,
+/// `domainComponent`).
+fn valid_domain(domain: &str) -> bool {
+    let (host, port) = match domain.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (domain, None),
+    };
+    let label_ok = |label: &str| {
+        let b = label.as_bytes();
+        !b.is_empty()
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-')
+    };
+    host.split('.').all(label_ok)
+        && port.is_none_or(|p| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()))
 }
 
 /// `[a-z0-9]+` joined by `.`, `_`, `__` or `-`s (`regexp.go`, `pathComponent`).

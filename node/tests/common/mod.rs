@@ -140,10 +140,8 @@ impl Drop for TestRuntime {
         if let Some(containerd) = self.containerd.take() {
             // A panicking test: no runtime to await the supervisor on; kill containerd by pid.
             let pid = containerd.pid();
-            if pid != 0 {
-                if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                }
+            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             }
             drop(containerd);
         }
@@ -168,12 +166,13 @@ pub fn cleanup(socket: &Path, dir: &Path, cgroup_parent: &str) {
             let ours = args
                 .windows(2)
                 .any(|w| w[0] == b"-address" && w[1] == socket.as_bytes());
-            if is_shim && ours {
-                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                    // The shim's children (the containers) die with their pid namespace or are
-                    // reaped by the kill of their cgroup below.
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                }
+            // The shim's children (the containers) die with their pid namespace, or with
+            // their cgroup below.
+            if is_shim
+                && ours
+                && let Some(pid) = rustix::process::Pid::from_raw(pid)
+            {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             }
         }
     }
