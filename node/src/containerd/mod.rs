@@ -49,9 +49,10 @@ pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_millis(500);
 /// trying, slowly, because a node without a runtime is useless anyway).
 pub const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
-/// How long a containerd must run before its death counts as the first again: the kubelet's
-/// CrashLoopBackOff reset (`pkg/kubelet/kubelet.go`, `MaxContainerBackOff`'s 10-minute
-/// stable-run reset is the model; one minute suffices for a daemon that starts in a second).
+/// How long a containerd must run before its death counts as the first again. The kubelet
+/// forgets a container's CrashLoopBackOff after 10 minutes of running; a daemon that starts in
+/// a second and serves every pod needs a shorter memory, or one crash an hour would keep it
+/// at the 30 s ceiling.
 pub const RESTART_BACKOFF_RESET: Duration = Duration::from_secs(60);
 
 /// How much of containerd's log a start failure quotes.

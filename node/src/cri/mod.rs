@@ -42,9 +42,8 @@ use api::runtime_service_client::RuntimeServiceClient;
 
 pub use transport::{EndpointError, socket_path};
 
-/// The CRI version the kubelet announces in `VersionRequest` (`remote_runtime.go`,
-/// `CRIVersionV1`... sent as "v1" by `kubeGenericRuntimeManager`'s `kubeRuntimeAPIVersion`,
-/// "0.1.0"): the runtime echoes its own.
+/// The version the kubelet announces in every `VersionRequest`: its `kubeRuntimeAPIVersion`
+/// (`pkg/kubelet/kuberuntime/kuberuntime_manager.go`). The runtime answers with its own.
 pub const KUBE_RUNTIME_API_VERSION: &str = "0.1.0";
 
 /// The deadline of every CRI call that has no deadline of its own: the kubelet's
