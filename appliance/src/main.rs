@@ -73,6 +73,34 @@ enum Command {
         #[command(subcommand)]
         command: SnapshotCommand,
     },
+    /// Container images on this node, without a registry.
+    Images {
+        #[command(subcommand)]
+        command: ImagesCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImagesCommand {
+    /// Import OCI image layout and docker-archive tarballs (`docker save`, `skopeo copy ...
+    /// docker-archive:`, optionally gzip-compressed) into the node's containerd, where pods
+    /// find them. Each archive is checked whole before anything is written.
+    Import(ImagesImportArgs),
+}
+
+#[derive(Parser)]
+struct ImagesImportArgs {
+    /// The tarballs.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// The server's data directory [default: ~/.skerry/store]; its containerd's socket is
+    /// <data-dir>/agent/run/containerd.sock.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// The containerd socket to import into instead (the kubelet's flag: unix:///path or a
+    /// path), when the node uses a containerd of its own.
+    #[arg(long)]
+    container_runtime_endpoint: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -327,6 +355,61 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}: intact skerry snapshot", file.display());
             Ok(())
         }
+        Command::Images {
+            command: ImagesCommand::Import(args),
+        } => images_import(args),
+    }
+}
+
+/// `skerry images import`: each file into containerd's `k8s.io` namespace, one line per image.
+fn images_import(args: ImagesImportArgs) -> Result<()> {
+    let socket = match &args.container_runtime_endpoint {
+        Some(endpoint) => skerry_node::cri::socket_path(endpoint)?,
+        None => {
+            skerry_node::containerd::Layout::new(&data_dir_or_default(args.data_dir.clone())?)
+                .socket
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(async {
+        let api = skerry_node::images::k8s_api(&socket);
+        let mut failed = 0;
+        for file in &args.files {
+            match skerry_node::images::import_file(&api, file).await {
+                Ok(report) => {
+                    for (name, digest) in &report.images {
+                        println!("{name} {digest}");
+                    }
+                }
+                Err(err) => {
+                    failed += 1;
+                    eprintln!("skerry: {}: {err}", file.display());
+                }
+            }
+        }
+        if failed > 0 {
+            bail!(
+                "{failed} of {} files not imported (containerd at {})",
+                args.files.len(),
+                socket.display()
+            );
+        }
+        Ok(())
+    })
+}
+
+/// `--data-dir`, else the default under `$HOME`.
+fn data_dir_or_default(data_dir: Option<PathBuf>) -> Result<PathBuf> {
+    match data_dir {
+        Some(dir) => Ok(dir),
+        None => {
+            let home =
+                std::env::var_os("HOME").context("no --data-dir given and $HOME is not set")?;
+            Ok(PathBuf::from(home).join(DATA_DIR_DEFAULT))
+        }
     }
 }
 
@@ -386,14 +469,7 @@ fn server(args: ServerArgs) -> Result<()> {
         (_, _, false) => bail!("--cert-file and --key-file need https:// client URLs"),
     };
     let mut cluster = cluster_config(&args)?;
-    let data_dir = match args.data_dir.clone() {
-        Some(dir) => dir,
-        None => {
-            let home =
-                std::env::var_os("HOME").context("no --data-dir given and $HOME is not set")?;
-            PathBuf::from(home).join(DATA_DIR_DEFAULT)
-        }
-    };
+    let data_dir = data_dir_or_default(args.data_dir.clone())?;
     let joining = cluster
         .as_ref()
         .is_some_and(|c| c.state == ClusterState::Existing);

@@ -1,0 +1,23 @@
+//! Compiles the CRI v1 proto and the few containerd services skerry calls with `protox` (pure
+//! Rust, so a machine without `protoc` builds) into prost messages and tonic clients.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = [
+        "proto/cri.proto",
+        "proto/containerd/types.proto",
+        "proto/containerd/content.proto",
+        "proto/containerd/images.proto",
+        "proto/containerd/leases.proto",
+        "proto/containerd/version.proto",
+    ];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let file_descriptors = protox::compile(protos, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_server(false)
+        // Registry credentials: `cri::AuthConfig`'s Debug is written by hand, redacted.
+        .skip_debug([".runtime.v1.AuthConfig"])
+        .compile_fds(file_descriptors)?;
+    Ok(())
+}
