@@ -692,7 +692,15 @@ async fn a_member_joins_as_a_learner_is_promoted_and_a_member_is_removed() {
         ELECTION,
     )
     .expect("config");
-    let peer = config.peer_addrs().expect("peers")[0].1;
+    // Asked of the member known to have applied the addition: another may not have yet, and
+    // would answer that it knows no such member (id 0).
+    let peer = config
+        .peer_addrs()
+        .expect("peers")
+        .into_iter()
+        .find(|(id, _)| *id == members[follower].config.id)
+        .expect("the follower is a peer")
+        .1;
     let answer = skerry_raft::transport::ask_to_join(peer, &url, &None)
         .await
         .expect("join answer");
