@@ -4,3 +4,7 @@
 //!
 //! The crate reaches the apiserver only through `skerry-client`, as the upstream kubelet reaches
 //! it through client-go, and the runtime only through CRI, so any CRI runtime can serve it.
+
+pub mod cni;
+pub mod machine;
+pub mod nodestatus;
