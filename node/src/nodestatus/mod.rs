@@ -456,15 +456,30 @@ impl NodeStatusManager {
         requires_update |= reconcile_extended_resources(&mut reconciled);
         requires_update |= reconcile_hugepages(&node, &mut reconciled);
         if requires_update {
-            let patch = node_status_patch(&existing, &reconciled);
-            self.nodes
-                .patch_status(
-                    &self.config.node_name,
-                    &PatchParams::default(),
-                    &Patch::Strategic(patch),
-                )
-                .await
-                .map_err(|e| format!("error updating node: {e}"))?;
+            // Kubernetes takes the labels in the same status patch (its node status strategy
+            // keeps metadata); skerry's apiserver keeps only the status of a status write, so
+            // the labels go through the Node itself, which `system:node` may patch too.
+            let mut patch = node_status_patch(&existing, &reconciled);
+            if let Some(metadata) = patch.as_object_mut().and_then(|p| p.remove("metadata")) {
+                self.nodes
+                    .patch(
+                        &self.config.node_name,
+                        &PatchParams::default(),
+                        &Patch::Strategic(json!({ "metadata": metadata })),
+                    )
+                    .await
+                    .map_err(|e| format!("error updating node labels: {e}"))?;
+            }
+            if patch.get("status").is_some() {
+                self.nodes
+                    .patch_status(
+                        &self.config.node_name,
+                        &PatchParams::default(),
+                        &Patch::Strategic(patch),
+                    )
+                    .await
+                    .map_err(|e| format!("error updating node: {e}"))?;
+            }
         }
         Ok(())
     }
