@@ -762,17 +762,17 @@ pub fn observe_pressure(paths: &HostPaths, root_dir: &Path, thresholds: &Thresho
             .is_some_and(|t| Quantity(available * NANO) < t.against(Quantity(capacity * NANO)))
     };
     let mut pressure = Pressure::default();
-    if let Ok(meminfo) = std::fs::read_to_string(paths.proc.join("meminfo")) {
-        if let (Some(total), Some(available)) = (
+    if let Ok(meminfo) = std::fs::read_to_string(paths.proc.join("meminfo"))
+        && let (Some(total), Some(available)) = (
             meminfo_field(&meminfo, "MemTotal"),
             meminfo_field(&meminfo, "MemAvailable"),
-        ) {
-            pressure.memory = below(
-                signals::MEMORY_AVAILABLE,
-                i128::from(available),
-                i128::from(total),
-            );
-        }
+        )
+    {
+        pressure.memory = below(
+            signals::MEMORY_AVAILABLE,
+            i128::from(available),
+            i128::from(total),
+        );
     }
     if let Ok(fs) = fs_stats(root_dir) {
         pressure.disk = below(

@@ -116,10 +116,8 @@ impl NodeLease {
             return;
         };
         self.latest = Some(lease.clone());
-        if !created {
-            if let Err(e) = self.retry_update(lease, stop).await {
-                tracing::error!(node = %self.node_name, error = %e, "node lease not renewed; will retry next period");
-            }
+        if !created && let Err(e) = self.retry_update(lease, stop).await {
+            tracing::error!(node = %self.node_name, error = %e, "node lease not renewed; will retry next period");
         }
     }
 

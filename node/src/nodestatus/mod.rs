@@ -732,10 +732,10 @@ pub fn node_status_patch(old: &Node, new: &Node) -> Value {
     if n.addresses != o.addresses {
         let mut addresses = serde_json::to_value(n.addresses.clone().unwrap_or_default())
             .unwrap_or_else(|_| json!([]));
-        if o.addresses.as_ref().is_some_and(|a| !a.is_empty()) {
-            if let Value::Array(items) = &mut addresses {
-                items.push(json!({"$patch": "replace"}));
-            }
+        if o.addresses.as_ref().is_some_and(|a| !a.is_empty())
+            && let Value::Array(items) = &mut addresses
+        {
+            items.push(json!({"$patch": "replace"}));
         }
         status.insert("addresses".into(), addresses);
     }
@@ -784,17 +784,17 @@ struct PodCidrWatch(Weak<NodeStatusManager>);
 
 impl EventHandler<Node> for PodCidrWatch {
     fn on_add(&self, obj: &Arc<Node>, _is_initial_list: bool) {
-        if let Some(m) = self.0.upgrade() {
-            if !pod_cidrs(obj).is_empty() {
-                m.node_changed.notify_one();
-            }
+        if let Some(m) = self.0.upgrade()
+            && !pod_cidrs(obj).is_empty()
+        {
+            m.node_changed.notify_one();
         }
     }
     fn on_update(&self, old: &Arc<Node>, new: &Arc<Node>) {
-        if let Some(m) = self.0.upgrade() {
-            if pod_cidrs(old) != pod_cidrs(new) {
-                m.node_changed.notify_one();
-            }
+        if let Some(m) = self.0.upgrade()
+            && pod_cidrs(old) != pod_cidrs(new)
+        {
+            m.node_changed.notify_one();
         }
     }
     fn on_delete(&self, _obj: &Deleted<Node>) {}

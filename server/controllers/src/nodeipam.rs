@@ -576,10 +576,10 @@ impl NodeIpamController {
             }
         }
         for waiting in self.nodes.list() {
-            if pod_cidrs(&waiting).is_empty() {
-                if let Some(name) = &waiting.metadata.name {
-                    self.queue.add(name.clone());
-                }
+            if let Some(name) = waiting.metadata.name.as_ref()
+                && pod_cidrs(&waiting).is_empty()
+            {
+                self.queue.add(name.clone());
             }
         }
     }
