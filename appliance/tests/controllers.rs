@@ -343,7 +343,13 @@ fn node_yaml(name: &str) -> String {
 fn pod_cidr(kube: &Kube, node: &str, want: &str) {
     converge(
         kube,
-        &["get", "node", node, "-o", "jsonpath={.spec.podCIDR} {.spec.podCIDRs[*]}"],
+        &[
+            "get",
+            "node",
+            node,
+            "-o",
+            "jsonpath={.spec.podCIDR} {.spec.podCIDRs[*]}",
+        ],
         &format!("{node}'s pod CIDR {want}"),
         |s| s.trim() == format!("{want} {want}"),
     );
@@ -359,7 +365,12 @@ fn nodes_get_pod_ranges_from_the_cluster_cidr() {
     pod_cidr(&kube, "box-b", "10.42.1.0/24");
     drop(kube);
 
-    let kube = Kube::start(&["--cluster-cidr", "10.50.0.0/16", "--node-cidr-mask-size", "26"]);
+    let kube = Kube::start(&[
+        "--cluster-cidr",
+        "10.50.0.0/16",
+        "--node-cidr-mask-size",
+        "26",
+    ]);
     kube.ok_in(&["create", "-f", "-"], Some(&node_yaml("box-a")));
     pod_cidr(&kube, "box-a", "10.50.0.0/26");
     drop(kube);

@@ -13,13 +13,13 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::api::core::v1::{Event, Node, NodeCondition};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;
 use skerry_apiserver::testing::TestServer;
 use skerry_client::config::{Config, Credentials};
-use skerry_client::{Client, Patch, PatchParams, PostParams};
+use skerry_client::{Client, ListParams, Patch, PatchParams, PostParams};
 use skerry_node::cni::{self, CniConfig};
 use skerry_node::machine::{EVICTION_HARD_DEFAULT, Reservations, meminfo_field};
 use skerry_node::nodestatus::flags::{parse_node_labels, parse_taints};
@@ -330,6 +330,28 @@ async fn registration_creates_the_node_with_the_hosts_capacity() {
         condition(&node, "PIDPressure").unwrap().reason.as_deref(),
         Some("KubeletHasSufficientPID")
     );
+
+    // The kubelet's first events, about its Node, from `kubelet` on `edge-1`.
+    let events = admin.api::<Event>(Some("default"));
+    let event = eventually("the NodeHasSufficientMemory event", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("NodeHasSufficientMemory"))
+    })
+    .await;
+    assert_eq!(
+        event.message.as_deref(),
+        Some("Node edge-1 status is now: NodeHasSufficientMemory")
+    );
+    assert_eq!(event.involved_object.kind.as_deref(), Some("Node"));
+    assert_eq!(event.involved_object.name.as_deref(), Some("edge-1"));
+    let source = event.source.unwrap();
+    assert_eq!(source.component.as_deref(), Some("kubelet"));
+    assert_eq!(source.host.as_deref(), Some("edge-1"));
     stop.cancel();
 }
 

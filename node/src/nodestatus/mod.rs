@@ -197,6 +197,8 @@ pub struct NodeStatusManager {
     pod_cidr_handler: Option<PodCidrHandler>,
     recorder: EventRecorder,
     state: tokio::sync::Mutex<LoopState>,
+    /// The events of the last [`NodeStatusManager::initial_node`], recorded if it is created.
+    registration_events: tokio::sync::Mutex<Vec<setters::NodeEvent>>,
     /// Woken when the Node's podCIDRs change (the own-node informer).
     node_changed: Notify,
 }
@@ -231,6 +233,7 @@ impl NodeStatusManager {
             pod_cidr_handler: None,
             recorder,
             state: tokio::sync::Mutex::new(LoopState::default()),
+            registration_events: tokio::sync::Mutex::new(Vec::new()),
             node_changed: Notify::new(),
         })
     }
@@ -359,9 +362,9 @@ impl NodeStatusManager {
         for e in errors {
             tracing::warn!(node = %self.config.node_name, error = %e, "initial node status incomplete");
         }
-        // Transitions from nothing are the kubelet's first "status is now" events; they are
-        // recorded once the Node exists.
-        drop(events);
+        // The transitions from nothing ("status is now: NodeHasSufficientMemory"...) are the
+        // kubelet's first events; they are recorded once the Node is created.
+        *self.registration_events.lock().await = events;
         node
     }
 
@@ -435,10 +438,8 @@ impl NodeStatusManager {
     /// that already exists.
     pub async fn try_register(&self, node: Node) -> Result<(), String> {
         match self.nodes.create(&PostParams::default(), &node).await {
-            Ok(created) => {
-                let mut blank = Node::default();
-                let (events, _) = self.set_status(&mut blank).await;
-                drop(created);
+            Ok(_) => {
+                let events = std::mem::take(&mut *self.registration_events.lock().await);
                 self.record(events);
                 return Ok(());
             }
