@@ -72,6 +72,15 @@ pub fn start(
         .port();
     let service_cidr = ServiceCidr::parse(&args.service_cluster_ip_range)
         .map_err(|e| anyhow::anyhow!("--service-cluster-ip-range: {e}"))?;
+    let controllers_config = skerry_controllers::manager::ManagerConfig {
+        node_ipam: skerry_controllers::nodeipam::NodeIpamConfig::parse(
+            args.allocate_node_cidrs,
+            &args.cluster_cidr,
+            args.node_cidr_mask_size,
+            Some(&args.service_cluster_ip_range),
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?,
+    };
     let host = match args.bind_address {
         a if a.is_unspecified() => "127.0.0.1".to_string(),
         IpAddr::V6(v6) => format!("[{v6}]"),
@@ -133,6 +142,7 @@ pub fn start(
             manager_client,
             controller_clients(pki, local_url),
             identity,
+            controllers_config,
             controllers.clone(),
         ));
         let scheduler = tokio::spawn(skerry_scheduler::scheduler::run_leader_elected(

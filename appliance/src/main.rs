@@ -174,6 +174,18 @@ struct ServerArgs {
     /// The range Services get ClusterIPs from (kube-apiserver's flag; kubeadm's default).
     #[arg(long, default_value = skerry_apiserver::ipalloc::SERVICE_CIDR_DEFAULT)]
     service_cluster_ip_range: String,
+    /// Give every Node a pod range carved from --cluster-cidr (kube-controller-manager's
+    /// flag; on by default, as k3s): `--allocate-node-cidrs=false` leaves podCIDRs to others.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
+    allocate_node_cidrs: bool,
+    /// The pods' addresses, cluster-wide (kube-controller-manager's flag; k3s's default);
+    /// an IPv4 and an IPv6 range, comma-separated, for dual stack.
+    #[arg(long, default_value = skerry_controllers::nodeipam::CLUSTER_CIDR_DEFAULT)]
+    cluster_cidr: String,
+    /// The prefix length of each node's pod range [default: 24 for IPv4, 64 for IPv6].
+    #[arg(long)]
+    node_cidr_mask_size: Option<u8>,
     /// Static bearer tokens (kube-apiserver's CSV format: token,user,uid,"group1,group2").
     #[arg(long)]
     token_auth_file: Option<PathBuf>,

@@ -1,6 +1,7 @@
 //! The controllers through the real kubectl: Deployments roll out, roll back, scale and
 //! cascade; namespaces empty themselves and go; every namespace gets its `default`
-//! ServiceAccount; a PodDisruptionBudget holds `kubectl drain` back; and when the member
+//! ServiceAccount; a PodDisruptionBudget holds `kubectl drain` back; every Node gets a pod
+//! range from the default `--cluster-cidr`, or from the one given; and when the member
 //! running the controllers dies, another takes the `kube-controller-manager` Lease and carries
 //! on.
 //!
@@ -332,6 +333,60 @@ fn deployments_roll_out_roll_back_scale_down_and_delete_in_the_foreground() {
         ]),
         ""
     );
+}
+
+/// A Node with nothing but its name, as a kubelet registers it (as far as IPAM cares).
+fn node_yaml(name: &str) -> String {
+    format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n")
+}
+
+fn pod_cidr(kube: &Kube, node: &str, want: &str) {
+    converge(
+        kube,
+        &[
+            "get",
+            "node",
+            node,
+            "-o",
+            "jsonpath={.spec.podCIDR} {.spec.podCIDRs[*]}",
+        ],
+        &format!("{node}'s pod CIDR {want}"),
+        |s| s.trim() == format!("{want} {want}"),
+    );
+}
+
+#[test]
+fn nodes_get_pod_ranges_from_the_cluster_cidr() {
+    // The README's command: no flag, k3s's 10.42.0.0/16 in /24s.
+    let kube = Kube::start(&[]);
+    kube.ok_in(&["create", "-f", "-"], Some(&node_yaml("box-a")));
+    pod_cidr(&kube, "box-a", "10.42.0.0/24");
+    kube.ok_in(&["create", "-f", "-"], Some(&node_yaml("box-b")));
+    pod_cidr(&kube, "box-b", "10.42.1.0/24");
+    drop(kube);
+
+    let kube = Kube::start(&[
+        "--cluster-cidr",
+        "10.50.0.0/16",
+        "--node-cidr-mask-size",
+        "26",
+    ]);
+    kube.ok_in(&["create", "-f", "-"], Some(&node_yaml("box-a")));
+    pod_cidr(&kube, "box-a", "10.50.0.0/26");
+    drop(kube);
+
+    let kube = Kube::start(&["--allocate-node-cidrs=false"]);
+    kube.ok_in(&["create", "-f", "-"], Some(&node_yaml("box-a")));
+    // The controllers are running (the default ServiceAccount appears), IPAM is not.
+    converge(
+        &kube,
+        &["get", "serviceaccount", "default", "-o", "name"],
+        "default ServiceAccount",
+        |s| s.trim() == "serviceaccount/default",
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let cidr = kube.ok(&["get", "node", "box-a", "-o", "jsonpath={.spec.podCIDR}"]);
+    assert_eq!(cidr.trim(), "", "no range without --allocate-node-cidrs");
 }
 
 #[test]

@@ -5,8 +5,11 @@
 //! The crate reaches the apiserver only through `skerry-client`, as the upstream kubelet reaches
 //! it through client-go, and the runtime only through CRI, so any CRI runtime can serve it.
 
+pub mod cni;
 pub mod containerd;
 pub mod cri;
 pub mod env;
 pub mod images;
+pub mod machine;
+pub mod nodestatus;
 pub mod volume;

@@ -13,6 +13,7 @@ pub mod garbagecollector;
 pub mod hash;
 pub mod manager;
 pub mod namespace;
+pub mod nodeipam;
 pub mod nodelifecycle;
 pub mod podcontrol;
 pub mod replicaset;

@@ -32,6 +32,7 @@ use crate::endpoints::EndpointsController;
 use crate::endpointslice::EndpointSliceController;
 use crate::garbagecollector::GarbageCollector;
 use crate::namespace::NamespaceController;
+use crate::nodeipam::{NodeIpamConfig, NodeIpamController};
 use crate::nodelifecycle::NodeLifecycleController;
 use crate::replicaset::ReplicaSetController;
 use crate::serviceaccount::ServiceAccountController;
@@ -70,6 +71,8 @@ pub mod workers {
     pub const DAEMONSET: usize = 2;
     /// `--concurrent-statefulset-syncs`
     pub const STATEFULSET: usize = 5;
+    /// The node IPAM controller's workers (`cidrUpdateWorkers`).
+    pub const NODE_IPAM: usize = crate::nodeipam::DEFAULT_WORKERS;
     /// The node lifecycle controller's workers (Kubernetes' node update workers: 8).
     pub const NODE_LIFECYCLE: usize = 8;
     /// The disruption controller's workers per queue: kube-controller-manager starts one
@@ -83,14 +86,28 @@ pub mod workers {
 /// `kube-system` (e.g. `replicaset-controller`).
 pub type ClientFor = Arc<dyn Fn(&str) -> anyhow::Result<Client> + Send + Sync>;
 
+/// The controllers' flags (kube-controller-manager's), for those that take any.
+#[derive(Debug, Clone, Default)]
+pub struct ManagerConfig {
+    /// `--allocate-node-cidrs`, `--cluster-cidr`, `--node-cidr-mask-size`,
+    /// `--service-cluster-ip-range`: the node IPAM controller.
+    pub node_ipam: NodeIpamConfig,
+}
+
 /// A running controller's future.
 type Running = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Campaigns for the Lease with `identity` through `root` and runs every controller while
 /// leading, until `stop`.
-pub async fn run(root: Client, client_for: ClientFor, identity: String, stop: CancellationToken) {
+pub async fn run(
+    root: Client,
+    client_for: ClientFor,
+    identity: String,
+    controllers: ManagerConfig,
+    stop: CancellationToken,
+) {
     let config = LeaderElectionConfig::new(LEASE_NAMESPACE, LEASE_NAME, &identity);
-    run_with(root, client_for, config, stop).await;
+    run_with(root, client_for, config, controllers, stop).await;
 }
 
 /// [`run`] with an explicit election configuration (tests shorten the timeouts).
@@ -98,6 +115,7 @@ pub async fn run_with(
     root: Client,
     client_for: ClientFor,
     mut config: LeaderElectionConfig,
+    controllers: ManagerConfig,
     stop: CancellationToken,
 ) {
     // A stopping member hands the Lease back so another takes over without waiting out the
@@ -109,8 +127,9 @@ pub async fn run_with(
     let callbacks = Callbacks::new(move |token| {
         let root = lead_root.clone();
         let client_for = client_for.clone();
+        let controllers = controllers.clone();
         async move {
-            if let Err(e) = lead(root, client_for, token).await {
+            if let Err(e) = lead(root, client_for, controllers, token).await {
                 tracing::error!(error = %e, "controllers could not start");
             }
         }
@@ -141,7 +160,12 @@ pub async fn run_with(
 
 /// One term as leader: builds every controller over fresh shared informers, starts them,
 /// and returns when `token` is cancelled and they have all stopped.
-async fn lead(root: Client, client_for: ClientFor, token: CancellationToken) -> anyhow::Result<()> {
+async fn lead(
+    root: Client,
+    client_for: ClientFor,
+    config: ManagerConfig,
+    token: CancellationToken,
+) -> anyhow::Result<()> {
     let informers = InformerFactory::new(root, Some(DEFAULT_RESYNC));
     let ctx = |name: &str| -> anyhow::Result<Context> {
         Ok(Context {
@@ -149,7 +173,7 @@ async fn lead(root: Client, client_for: ClientFor, token: CancellationToken) -> 
             informers: informers.clone(),
         })
     };
-    let running: Vec<(&'static str, Running)> = controllers(&ctx, &token)?;
+    let running: Vec<(&'static str, Running)> = controllers(&ctx, &config, &token)?;
     informers.start(&token);
     tracing::info!(controllers = running.len(), "controllers started");
     let mut tasks = Vec::with_capacity(running.len());
@@ -167,6 +191,7 @@ async fn lead(root: Client, client_for: ClientFor, token: CancellationToken) -> 
 /// Every controller, constructed (informers and handlers registered) but not yet running.
 fn controllers(
     ctx: &dyn Fn(&str) -> anyhow::Result<Context>,
+    config: &ManagerConfig,
     token: &CancellationToken,
 ) -> anyhow::Result<Vec<(&'static str, Running)>> {
     let mut running: Vec<(&'static str, Running)> = Vec::new();
@@ -233,5 +258,14 @@ fn controllers(
         DisruptionController,
         workers::DISRUPTION
     );
+    // kube-controller-manager runs the node IPAM controller as the node controller's service
+    // account (`startNodeIpamController`), and only with `--allocate-node-cidrs`.
+    if config.node_ipam.allocate_node_cidrs {
+        let c = NodeIpamController::new(&ctx("node-controller")?, config.node_ipam.clone());
+        running.push((
+            "nodeipam-controller",
+            Box::pin(c.run(workers::NODE_IPAM, token.clone())),
+        ));
+    }
     Ok(running)
 }
