@@ -9,4 +9,5 @@ pub mod containerd;
 pub mod cri;
 pub mod env;
 pub mod images;
+pub mod kubelet;
 pub mod volume;
