@@ -1,0 +1,385 @@
+//! Wiring of the node agent into `skerry server`: every member is also a node, as k3s's
+//! server is. With no flags, skerry starts its own supervised containerd under the data dir,
+//! imports the pause image it builds from catatonit, watches the images folder, and runs the
+//! kubelet (`skerry_node::kubelet`) as `system:node:<name>` in `system:nodes`, with a client
+//! certificate the cluster CA issues in memory. `--container-runtime-endpoint` names any CRI
+//! runtime instead.
+//!
+//! A machine that cannot run containers (no containerd or runc, not root) still serves the
+//! control plane: one line says what to install, and the node agent stays off.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use skerry_client::{Api, Client, PostParams};
+use skerry_node::containerd::{Containerd, ContainerdConfig};
+use skerry_node::cri::Cri;
+use skerry_node::images::{self, build};
+use skerry_node::kubelet::{Kubelet, KubeletConfig};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::pki::{ADMIN_USER, LEAF_VALIDITY, Pki};
+
+/// The node agent's flags (the kubelet's names).
+#[derive(Args, Clone, Debug)]
+pub struct NodeArgs {
+    /// Run no node agent on this member: the control plane only (k3s's flag).
+    #[arg(long)]
+    pub disable_agent: bool,
+    /// A CRI runtime's socket (unix:///path or a path) to use instead of starting skerry's
+    /// own containerd.
+    #[arg(long)]
+    pub container_runtime_endpoint: Option<String>,
+    /// The image of every pod's sandbox (its "pause" container); skerry builds and imports
+    /// skerry.local/pause:1 itself.
+    #[arg(long, default_value = build::PAUSE_IMAGE)]
+    pub pod_infra_container_image: String,
+    /// The node's IP address [default: the address of the default route's interface].
+    #[arg(long)]
+    pub node_ip: Option<IpAddr>,
+    /// The node's name [default: the host name].
+    #[arg(long)]
+    pub hostname_override: Option<String>,
+    /// The kubelet's directory (pods' volumes and logs) [default: <data-dir>/agent/kubelet].
+    #[arg(long)]
+    pub root_dir: Option<PathBuf>,
+    /// DNS servers of pods with dnsPolicy ClusterFirst, comma-separated [default: none: such
+    /// pods get the node's resolver configuration].
+    #[arg(long, value_delimiter = ',')]
+    pub cluster_dns: Vec<IpAddr>,
+    /// The cluster's DNS domain.
+    #[arg(long, default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// Most pods this node runs (the kubelet's default).
+    #[arg(long, default_value_t = 110)]
+    pub max_pods: u32,
+}
+
+/// The kubelet's own directory under the agent's.
+const KUBELET_DIR: &str = "agent/kubelet";
+/// The cgroup pods go under (the kubelet's `--cgroup-root` default with the cgroupfs
+/// driver: `/kubepods`).
+const CGROUP_ROOT: &str = "/kubepods";
+/// The pause image's source binary.
+const CATATONIT: &str = build::CATATONIT;
+/// Pause between attempts at the API calls of start-up while the API is not up yet.
+const API_RETRY: Duration = Duration::from_secs(1);
+/// The namespace of node Leases.
+const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+/// The Lease's duration (the kubelet's `nodeLeaseDurationSeconds` default, 40 s)...
+const NODE_LEASE_DURATION_SECONDS: i32 = 40;
+/// ... renewed every quarter of it (`NodeLeaseRenewIntervalFraction = 0.25`: 10 s).
+const NODE_LEASE_RENEW: Duration = Duration::from_secs(10);
+
+/// The node agent, running.
+pub struct NodeAgent {
+    task: tokio::task::JoinHandle<()>,
+    stop: CancellationToken,
+    containerd: Option<Containerd>,
+}
+
+impl NodeAgent {
+    /// Stops the kubelet, then the supervised containerd (containers keep running, as when
+    /// the upstream kubelet and containerd stop).
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+        if let Some(containerd) = self.containerd {
+            containerd.stop().await;
+        }
+    }
+}
+
+/// Starts the node agent, or says in one line why it cannot run and returns `None`.
+pub async fn start(
+    args: &NodeArgs,
+    data_dir: &Path,
+    pki: Arc<Pki>,
+    api_url: &str,
+    mut stop_rx: watch::Receiver<bool>,
+) -> Option<NodeAgent> {
+    if args.disable_agent {
+        return None;
+    }
+    let (cri, containerd) = match &args.container_runtime_endpoint {
+        Some(endpoint) => match Cri::new(endpoint) {
+            Ok(cri) => (cri, None),
+            Err(e) => {
+                eprintln!("skerry: no node agent: --container-runtime-endpoint: {e}");
+                return None;
+            }
+        },
+        None => {
+            if !rustix::process::geteuid().is_root() {
+                eprintln!(
+                    "skerry: no node agent: running containers needs root (the control plane serves; start as root to run pods)"
+                );
+                return None;
+            }
+            match Containerd::start(ContainerdConfig {
+                data_dir: data_dir.to_path_buf(),
+                sandbox_image: args.pod_infra_container_image.clone(),
+                binary: None,
+            })
+            .await
+            {
+                Ok(c) => (c.cri().clone(), Some(c)),
+                Err(e) => {
+                    eprintln!("skerry: no node agent: {e}");
+                    return None;
+                }
+            }
+        }
+    };
+    let stop = CancellationToken::new();
+    if let Some(c) = &containerd {
+        let api = images::k8s_api(&c.layout().socket);
+        let spool = c.layout().images_dir.clone();
+        if args.pod_infra_container_image == build::PAUSE_IMAGE {
+            match images::import_pause_image(&api, Path::new(CATATONIT), &spool).await {
+                Ok(_) => info!(image = build::PAUSE_IMAGE, "pause image imported"),
+                Err(e) => eprintln!(
+                    "skerry: the pause image cannot be built ({e}): install the Debian package catatonit"
+                ),
+            }
+        }
+        let (folder_stop_tx, folder_stop) = watch::channel(false);
+        let token = stop.clone();
+        tokio::spawn(async move {
+            token.cancelled().await;
+            let _ = folder_stop_tx.send(true);
+        });
+        tokio::spawn(images::watch::watch_folder(api, spool, folder_stop, None));
+    }
+
+    let node_name = match &args.hostname_override {
+        Some(n) => n.to_lowercase(),
+        None => hostname().to_lowercase(),
+    };
+    let node_ip = args.node_ip.unwrap_or_else(detect_node_ip);
+    let memory = mem_total().unwrap_or(0);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let allocatable = [
+        ("cpu".to_string(), cpus.to_string()),
+        ("memory".to_string(), memory.to_string()),
+        ("pods".to_string(), args.max_pods.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, k8s_openapi::apimachinery::pkg::api::resource::Quantity(v)))
+    .collect();
+    let config = KubeletConfig {
+        node_name: node_name.clone(),
+        root_dir: args
+            .root_dir
+            .clone()
+            .unwrap_or_else(|| data_dir.join(KUBELET_DIR)),
+        node_ips: vec![node_ip.to_string()],
+        cluster_dns: args.cluster_dns.iter().map(IpAddr::to_string).collect(),
+        cluster_domain: args.cluster_domain.clone(),
+        cgroup_root: CGROUP_ROOT.to_string(),
+        memory_capacity: i64::try_from(memory).unwrap_or(i64::MAX),
+        allocatable,
+        resolv_conf: PathBuf::from("/etc/resolv.conf"),
+        hosts_file: PathBuf::from("/etc/hosts"),
+    };
+    let clients = node_client(&pki, api_url, &node_name).and_then(|node| {
+        Ok((node, admin_client(&pki, api_url)?))
+    });
+    let (client, admin) = match clients {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("skerry: no node agent: {e:#}");
+            if let Some(c) = containerd {
+                c.stop().await;
+            }
+            return None;
+        }
+    };
+    let token = stop.clone();
+    tokio::spawn(async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+        token.cancel();
+    });
+    let kubelet = Kubelet::new(config.clone(), cri, client.clone(), stop.clone());
+    let task_stop = stop.clone();
+    let task = tokio::spawn(async move {
+        let ready = async {
+            bind_node_role(&admin, &node_name).await;
+            register_node_until_nodestatus_lands(&client, &config, cpus, memory, task_stop.clone())
+                .await;
+        };
+        tokio::select! {
+            () = ready => {}
+            () = task_stop.cancelled() => return,
+        }
+        info!(node = %node_name, ip = %node_ip, "node agent running");
+        kubelet.run().await;
+    });
+    Some(NodeAgent {
+        task,
+        stop,
+        containerd,
+    })
+}
+
+/// The kubelet's client: `system:node:<name>` in `system:nodes`.
+fn node_client(pki: &Pki, url: &str, node: &str) -> Result<Client> {
+    let user = format!("system:node:{node}");
+    let cert = pki
+        .issue_client_cert(&user, &["system:nodes"], LEAF_VALIDITY)
+        .with_context(|| format!("issue a client certificate for {user}"))?;
+    client(pki, url, &user, cert.cert_pem, cert.key_pem)
+}
+
+fn admin_client(pki: &Pki, url: &str) -> Result<Client> {
+    let admin = pki.admin();
+    client(pki, url, ADMIN_USER, admin.cert_pem.clone(), admin.key_pem.clone())
+}
+
+fn client(pki: &Pki, url: &str, user: &str, cert_pem: String, key_pem: String) -> Result<Client> {
+    let mut config = skerry_client::Config::new(url);
+    config.ca_pem = Some(pki.ca_cert_pem().to_string());
+    config.credentials = skerry_client::Credentials::ClientCert { cert_pem, key_pem };
+    config.user_agent = format!("skerry/{user}");
+    Ok(Client::new(config)?)
+}
+
+/// Binds the bootstrap `system:node` ClusterRole to this node's user alone
+/// (`skerry:node:<name>`), retried until the API takes it.
+///
+/// Upstream leaves the `system:node` binding empty and lets the Node authorizer grant each
+/// node what it needs; skerry has no Node authorizer yet (issue 18), so until it does, this
+/// binding is the narrowest grant that lets the kubelet work: one user, the node role's
+/// rules. Its price: this node can read every Secret and ConfigMap, which the Node
+/// authorizer will narrow to its pods' own.
+async fn bind_node_role(admin: &Client, node: &str) {
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("skerry:node:{node}"),
+                     "labels": {"kubernetes.io/bootstrapping": "skerry-node"}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": format!("system:node:{node}")}]
+    }))
+    .expect("a valid ClusterRoleBinding");
+    let api: Api<ClusterRoleBinding> = admin.api(None);
+    loop {
+        match api.create(&PostParams::default(), &binding).await {
+            Ok(_) => return,
+            Err(e) if e.is_already_exists() => return,
+            Err(e) => tracing::debug!(error = %e, "binding the node role; will retry"),
+        }
+        tokio::time::sleep(API_RETRY).await;
+    }
+}
+
+/// Registers the Node object minimally and renews its Lease: **a stand-in for the
+/// nodestatus developer's registration** (`skerry_node::nodestatus`, issue 18), to be
+/// replaced by it at merge. It creates the Node (name, hostname / os / arch labels,
+/// InternalIP and Hostname addresses, capacity = allocatable from `/proc`, Ready=True) if it
+/// does not exist, and renews `kube-node-lease/<name>` every 10 s so the node lifecycle
+/// controller does not mark it Unknown.
+async fn register_node_until_nodestatus_lands(
+    client: &Client,
+    config: &KubeletConfig,
+    cpus: usize,
+    memory: u64,
+    stop: CancellationToken,
+) {
+    let name = config.node_name.clone();
+    let now = jiff::Timestamp::now().to_string();
+    let resources = serde_json::json!({
+        "cpu": cpus.to_string(), "memory": memory.to_string(),
+        "pods": config.allocatable.get("pods").map(|q| q.0.clone()).unwrap_or_default()});
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": build::platform().1}},
+        "status": {
+            "addresses": [{"type": "InternalIP", "address": config.node_ips[0]},
+                          {"type": "Hostname", "address": name}],
+            "capacity": resources, "allocatable": resources,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "kubelet is posting ready status",
+                "lastHeartbeatTime": now, "lastTransitionTime": now}]}
+    }))
+    .expect("a valid Node");
+    let nodes: Api<Node> = client.api(None);
+    loop {
+        match nodes.create(&PostParams::default(), &node).await {
+            Ok(_) => break,
+            Err(e) if e.is_already_exists() => break,
+            Err(e) => tracing::debug!(error = %e, "registering the node; will retry"),
+        }
+        tokio::time::sleep(API_RETRY).await;
+    }
+    // The apiserver drops status on create: write it on the status subresource.
+    let status = serde_json::json!({"status": serde_json::to_value(&node.status).unwrap_or_default()});
+    let _ = nodes
+        .patch_status(&name, &Default::default(), &skerry_client::Patch::Merge(status))
+        .await;
+    let leases: Api<Lease> = client.api(Some(NODE_LEASE_NAMESPACE));
+    let client = client.clone();
+    tokio::spawn(async move {
+        loop {
+            let now = jiff::Timestamp::now();
+            let lease: Lease = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": NODE_LEASE_NAMESPACE},
+                "spec": {"holderIdentity": name, "leaseDurationSeconds": NODE_LEASE_DURATION_SECONDS,
+                         "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}
+            }))
+            .expect("a valid Lease");
+            let renewed = match leases.get_opt(&name).await {
+                Ok(Some(mut old)) => {
+                    old.spec = lease.spec.clone();
+                    leases.replace(&name, &PostParams::default(), &old).await.map(drop)
+                }
+                Ok(None) => leases.create(&PostParams::default(), &lease).await.map(drop),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = renewed {
+                warn!(error = %e, "renewing the node lease failed");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(NODE_LEASE_RENEW) => {}
+                () = stop.cancelled() => break,
+            }
+        }
+        drop(client);
+    });
+}
+
+/// The host name (`/proc/sys/kernel/hostname`).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// The node's IP: the source address the kernel picks toward a documentation address (the
+/// default route's interface; a UDP connect sends nothing), else loopback.
+fn detect_node_ip() -> IpAddr {
+    let probe = || -> std::io::Result<IpAddr> {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        socket.connect("192.0.2.1:9")?;
+        Ok(socket.local_addr()?.ip())
+    };
+    probe().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+}
+
+/// `MemTotal` of `/proc/meminfo`, bytes.
+fn mem_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
