@@ -62,13 +62,15 @@ pub struct NodeArgs {
     /// Most pods this node runs (the kubelet's default).
     #[arg(long, default_value_t = 110)]
     pub max_pods: u32,
+    /// The cgroup under which the pods' `kubepods` hierarchy goes (the kubelet's flag).
+    #[arg(long, default_value = "/")]
+    pub cgroup_root: String,
 }
 
 /// The kubelet's own directory under the agent's.
 const KUBELET_DIR: &str = "agent/kubelet";
-/// The cgroup pods go under (the kubelet's `--cgroup-root` default with the cgroupfs
-/// driver: `/kubepods`).
-const CGROUP_ROOT: &str = "/kubepods";
+/// The cgroup of every pod, under `--cgroup-root` (the kubelet's `defaultNodeAllocatableCgroupName`).
+const KUBEPODS: &str = "kubepods";
 /// The pause image's source binary.
 const CATATONIT: &str = build::CATATONIT;
 /// Pause between attempts at the API calls of start-up while the API is not up yet.
@@ -174,7 +176,12 @@ pub async fn start(
         ("pods".to_string(), args.max_pods.to_string()),
     ]
     .into_iter()
-    .map(|(k, v)| (k, k8s_openapi::apimachinery::pkg::api::resource::Quantity(v)))
+    .map(|(k, v)| {
+        (
+            k,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(v),
+        )
+    })
     .collect();
     let config = KubeletConfig {
         node_name: node_name.clone(),
@@ -185,15 +192,14 @@ pub async fn start(
         node_ips: vec![node_ip.to_string()],
         cluster_dns: args.cluster_dns.iter().map(IpAddr::to_string).collect(),
         cluster_domain: args.cluster_domain.clone(),
-        cgroup_root: CGROUP_ROOT.to_string(),
+        cgroup_root: format!("{}/{KUBEPODS}", args.cgroup_root.trim_end_matches('/')),
         memory_capacity: i64::try_from(memory).unwrap_or(i64::MAX),
         allocatable,
         resolv_conf: PathBuf::from("/etc/resolv.conf"),
         hosts_file: PathBuf::from("/etc/hosts"),
     };
-    let clients = node_client(&pki, api_url, &node_name).and_then(|node| {
-        Ok((node, admin_client(&pki, api_url)?))
-    });
+    let clients = node_client(&pki, api_url, &node_name)
+        .and_then(|node| Ok((node, admin_client(&pki, api_url)?)));
     let (client, admin) = match clients {
         Ok(c) => c,
         Err(e) => {
@@ -242,7 +248,13 @@ fn node_client(pki: &Pki, url: &str, node: &str) -> Result<Client> {
 
 fn admin_client(pki: &Pki, url: &str) -> Result<Client> {
     let admin = pki.admin();
-    client(pki, url, ADMIN_USER, admin.cert_pem.clone(), admin.key_pem.clone())
+    client(
+        pki,
+        url,
+        ADMIN_USER,
+        admin.cert_pem.clone(),
+        admin.key_pem.clone(),
+    )
 }
 
 fn client(pki: &Pki, url: &str, user: &str, cert_pem: String, key_pem: String) -> Result<Client> {
@@ -321,9 +333,14 @@ async fn register_node_until_nodestatus_lands(
         tokio::time::sleep(API_RETRY).await;
     }
     // The apiserver drops status on create: write it on the status subresource.
-    let status = serde_json::json!({"status": serde_json::to_value(&node.status).unwrap_or_default()});
+    let status =
+        serde_json::json!({"status": serde_json::to_value(&node.status).unwrap_or_default()});
     let _ = nodes
-        .patch_status(&name, &Default::default(), &skerry_client::Patch::Merge(status))
+        .patch_status(
+            &name,
+            &Default::default(),
+            &skerry_client::Patch::Merge(status),
+        )
         .await;
     let leases: Api<Lease> = client.api(Some(NODE_LEASE_NAMESPACE));
     let client = client.clone();
@@ -339,9 +356,15 @@ async fn register_node_until_nodestatus_lands(
             let renewed = match leases.get_opt(&name).await {
                 Ok(Some(mut old)) => {
                     old.spec = lease.spec.clone();
-                    leases.replace(&name, &PostParams::default(), &old).await.map(drop)
+                    leases
+                        .replace(&name, &PostParams::default(), &old)
+                        .await
+                        .map(drop)
                 }
-                Ok(None) => leases.create(&PostParams::default(), &lease).await.map(drop),
+                Ok(None) => leases
+                    .create(&PostParams::default(), &lease)
+                    .await
+                    .map(drop),
                 Err(e) => Err(e),
             };
             if let Err(e) = renewed {

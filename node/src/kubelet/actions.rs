@@ -111,7 +111,9 @@ pub fn container_hash(c: &Container) -> String {
 pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod) -> PodActions {
     let empty = Vec::new();
     let spec = pod.spec.as_ref();
-    let inits = spec.and_then(|s| s.init_containers.as_ref()).unwrap_or(&empty);
+    let inits = spec
+        .and_then(|s| s.init_containers.as_ref())
+        .unwrap_or(&empty);
     let regulars = spec.map(|s| &s.containers).unwrap_or(&empty);
     let policy = restart_policy(pod);
     let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
@@ -152,10 +154,12 @@ pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod) -> PodActions {
                 i += 1;
             }
             if i == inits.len() {
-                actions.start.extend((0..regulars.len()).map(|index| ContainerRef {
-                    kind: Kind::Regular,
-                    index,
-                }));
+                actions
+                    .start
+                    .extend((0..regulars.len()).map(|index| ContainerRef {
+                        kind: Kind::Regular,
+                        index,
+                    }));
             }
         }
         return actions;
@@ -228,10 +232,9 @@ pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod) -> PodActions {
             None => actions.start.push(r),
             Some(l) if l.running() => {
                 if l.hash != container_hash(c) {
-                    actions.kill.push(kill(
-                        l,
-                        &format!("Container {} definition changed", c.name),
-                    ));
+                    actions
+                        .kill
+                        .push(kill(l, &format!("Container {} definition changed", c.name)));
                     actions.start.push(r);
                 } else {
                     keep += 1;
@@ -279,8 +282,10 @@ mod tests {
     use super::*;
 
     fn pod(spec: serde_json::Value) -> Pod {
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "p", "uid": "u"}, "spec": spec}))
-            .expect("pod")
+        serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "p", "uid": "u"}, "spec": spec}),
+        )
+        .expect("pod")
     }
 
     fn sandbox(ready: bool) -> RuntimeSandbox {
@@ -327,7 +332,9 @@ mod tests {
 
     #[test]
     fn a_new_pod_gets_a_sandbox_and_all_its_containers() {
-        let p = pod(serde_json::json!({"containers": [{"name": "a", "image": "i"}, {"name": "b", "image": "i"}]}));
+        let p = pod(
+            serde_json::json!({"containers": [{"name": "a", "image": "i"}, {"name": "b", "image": "i"}]}),
+        );
         let a = compute_pod_actions(&p, &RuntimePod::default());
         assert!(a.create_sandbox && !a.kill_pod);
         assert_eq!(a.attempt, 0);
@@ -367,7 +374,8 @@ mod tests {
 
         // The sidecar died: restarted, the app goes on.
         rt.containers[1].state = Some(State::Exited);
-        rt.containers.push(container(&p, Kind::Regular, "a", State::Running, 0));
+        rt.containers
+            .push(container(&p, Kind::Regular, "a", State::Running, 0));
         assert_eq!(compute_pod_actions(&p, &rt).start, vec![init(1)]);
     }
 
@@ -408,7 +416,11 @@ mod tests {
                 containers: vec![container(&p, Kind::Regular, "a", State::Exited, exit)],
             };
             let a = compute_pod_actions(&p, &rt);
-            assert_eq!(a.start == vec![regular(0)], restarts, "{policy} exit {exit}");
+            assert_eq!(
+                a.start == vec![regular(0)],
+                restarts,
+                "{policy} exit {exit}"
+            );
             // A pod that will not run anything again has its sandbox stopped.
             assert_eq!(a.kill_pod, !restarts, "{policy} exit {exit}");
         }
@@ -416,7 +428,9 @@ mod tests {
 
     #[test]
     fn a_changed_container_is_replaced_and_a_lost_sandbox_restarts_everything() {
-        let p = pod(serde_json::json!({"containers": [{"name": "a", "image": "i"}, {"name": "b", "image": "i"}]}));
+        let p = pod(
+            serde_json::json!({"containers": [{"name": "a", "image": "i"}, {"name": "b", "image": "i"}]}),
+        );
         let mut a_old = container(&p, Kind::Regular, "a", State::Running, 0);
         a_old.hash = "old".into();
         let rt = RuntimePod {
@@ -436,7 +450,9 @@ mod tests {
         assert_eq!(a.start, vec![regular(0), regular(1)]);
 
         // Never: no second sandbox once containers ran.
-        let never = pod(serde_json::json!({"restartPolicy": "Never", "containers": [{"name": "a", "image": "i"}]}));
+        let never = pod(
+            serde_json::json!({"restartPolicy": "Never", "containers": [{"name": "a", "image": "i"}]}),
+        );
         let rt = RuntimePod {
             sandboxes: vec![sandbox(false)],
             containers: vec![container(&never, Kind::Regular, "a", State::Exited, 0)],
@@ -455,7 +471,9 @@ mod tests {
             containers: vec![],
         };
         assert!(compute_pod_actions(&p, &rt).create_sandbox);
-        let host = pod(serde_json::json!({"hostNetwork": true, "containers": [{"name": "a", "image": "i"}]}));
+        let host = pod(
+            serde_json::json!({"hostNetwork": true, "containers": [{"name": "a", "image": "i"}]}),
+        );
         let a = compute_pod_actions(&host, &rt);
         assert!(!a.create_sandbox);
         assert_eq!(a.start, vec![regular(0)]);

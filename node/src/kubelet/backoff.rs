@@ -125,7 +125,10 @@ mod tests {
         assert_eq!(b.remaining("k", at(0), at(3)), Some(Duration::from_secs(7)));
         assert_eq!(b.remaining("k", at(0), at(10)), None);
         b.next("k", at(11));
-        assert_eq!(b.remaining("k", at(11), at(12)), Some(Duration::from_secs(19)));
+        assert_eq!(
+            b.remaining("k", at(11), at(12)),
+            Some(Duration::from_secs(19))
+        );
     }
 
     #[test]

@@ -97,7 +97,11 @@ pub fn oom_score_adj(qos: &str, c: &Container, memory_capacity: i64) -> i64 {
 
 /// The Linux resources of a container (`calculateLinuxResources`): shares from the CPU
 /// request (the limit when only that is set), quota from the CPU limit, the memory limit.
-pub fn linux_resources(qos: &str, c: &Container, memory_capacity: i64) -> api::LinuxContainerResources {
+pub fn linux_resources(
+    qos: &str,
+    c: &Container,
+    memory_capacity: i64,
+) -> api::LinuxContainerResources {
     let cpu_request = quantity(c, "requests", "cpu");
     let cpu_limit = quantity(c, "limits", "cpu");
     let shares = match (cpu_request, cpu_limit) {
@@ -145,6 +149,7 @@ pub fn security_context(pod: &Pod, c: &Container) -> api::LinuxContainerSecurity
             ..Default::default()
         }),
         privileged,
+        namespace_options: Some(super::sandbox::namespace_options(pod)),
         run_as_user: sc
             .run_as_user
             .or(psc.run_as_user)
@@ -203,7 +208,10 @@ pub fn container_config(input: &ContainerInput<'_>) -> api::ContainerConfig {
     let c = input.container;
     let m = &input.pod.metadata;
     let labels = HashMap::from([
-        (LABEL_POD_NAME.to_string(), m.name.clone().unwrap_or_default()),
+        (
+            LABEL_POD_NAME.to_string(),
+            m.name.clone().unwrap_or_default(),
+        ),
         (
             LABEL_POD_NAMESPACE.to_string(),
             m.namespace.clone().unwrap_or_default(),
@@ -315,18 +323,33 @@ mod tests {
         assert_eq!(r.memory_limit_in_bytes, 128 << 20);
         // 64 MiB of 1 GiB: 1000 - 62 = 938.
         assert_eq!(r.oom_score_adj, 938);
-        let only_limit = container(serde_json::json!({"name": "a", "resources": {"limits": {"cpu": "1"}}}));
-        assert_eq!(linux_resources("Burstable", &only_limit, 1 << 30).cpu_shares, 1024);
+        let only_limit =
+            container(serde_json::json!({"name": "a", "resources": {"limits": {"cpu": "1"}}}));
+        assert_eq!(
+            linux_resources("Burstable", &only_limit, 1 << 30).cpu_shares,
+            1024
+        );
         let none = container(serde_json::json!({"name": "a"}));
         let r = linux_resources("BestEffort", &none, 1 << 30);
-        assert_eq!((r.cpu_shares, r.cpu_quota, r.memory_limit_in_bytes, r.oom_score_adj), (2, 0, 0, 1000));
+        assert_eq!(
+            (
+                r.cpu_shares,
+                r.cpu_quota,
+                r.memory_limit_in_bytes,
+                r.oom_score_adj
+            ),
+            (2, 0, 0, 1000)
+        );
     }
 
     #[test]
     fn oom_score_adj_stays_between_guaranteed_and_besteffort() {
-        let big = container(serde_json::json!({"name": "a", "resources": {"requests": {"memory": "1Gi"}}}));
+        let big = container(
+            serde_json::json!({"name": "a", "resources": {"requests": {"memory": "1Gi"}}}),
+        );
         assert_eq!(oom_score_adj("Burstable", &big, 1 << 30), 3);
-        let tiny = container(serde_json::json!({"name": "a", "resources": {"requests": {"memory": "1"}}}));
+        let tiny =
+            container(serde_json::json!({"name": "a", "resources": {"requests": {"memory": "1"}}}));
         assert_eq!(oom_score_adj("Burstable", &tiny, 1 << 30), 999);
         assert_eq!(oom_score_adj("Guaranteed", &tiny, 1 << 30), -997);
     }
@@ -359,18 +382,34 @@ mod tests {
         assert_eq!(config.metadata.as_ref().map(|m| m.attempt), Some(3));
         assert_eq!(config.labels["io.kubernetes.container.name"], "app");
         assert_eq!(config.labels["io.kubernetes.pod.uid"], "u");
-        assert_eq!(config.annotations["io.kubernetes.container.restartCount"], "3");
-        assert_eq!(config.annotations["io.kubernetes.pod.terminationGracePeriod"], "5");
+        assert_eq!(
+            config.annotations["io.kubernetes.container.restartCount"],
+            "3"
+        );
+        assert_eq!(
+            config.annotations["io.kubernetes.pod.terminationGracePeriod"],
+            "5"
+        );
         assert_eq!(
             config.annotations["io.kubernetes.container.terminationMessagePath"],
             "/dev/termination-log"
         );
         assert!(config.annotations["io.kubernetes.container.preStopHandler"].contains("sleep"));
         let image = config.image.expect("image");
-        assert_eq!((image.image.as_str(), image.user_specified_image.as_str()), ("sha256:abc", "busybox"));
+        assert_eq!(
+            (image.image.as_str(), image.user_specified_image.as_str()),
+            ("sha256:abc", "busybox")
+        );
         let sc = config.linux.and_then(|l| l.security_context).expect("sc");
         assert_eq!(sc.run_as_user.map(|u| u.value), Some(1000));
         assert!(sc.readonly_rootfs && sc.no_new_privs && !sc.privileged);
+        let ns = sc.namespace_options.expect("namespaces");
+        assert_eq!(
+            ns.pid,
+            api::NamespaceMode::Container as i32,
+            "its own PID namespace"
+        );
+        assert_eq!(ns.network, api::NamespaceMode::Pod as i32);
         let caps = sc.capabilities.expect("caps");
         assert_eq!(caps.add_capabilities, ["CAP_NET_ADMIN"]);
         assert_eq!(caps.drop_capabilities, ["ALL"]);

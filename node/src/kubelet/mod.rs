@@ -38,10 +38,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use skerry_client::events::EventRecorder;
 use skerry_client::informer::{Deleted, EventHandler, SharedInformer};
 use skerry_client::reflector::ListerWatcher;
 use skerry_client::{Api, Client, Error, ListParams, ObjectList, WatchParams, WatchStream};
-use skerry_client::events::EventRecorder;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -126,13 +126,19 @@ impl NodePods {
 }
 
 impl ListerWatcher<Pod> for NodePods {
-    fn list(&self, params: &ListParams) -> impl Future<Output = Result<ObjectList<Pod>, Error>> + Send {
+    fn list(
+        &self,
+        params: &ListParams,
+    ) -> impl Future<Output = Result<ObjectList<Pod>, Error>> + Send {
         let mut params = params.clone();
         params.field_selector = Some(self.selector.clone());
         let api = self.api.clone();
         async move { api.list(&params).await }
     }
-    fn watch(&self, params: &WatchParams) -> impl Future<Output = Result<WatchStream<Pod>, Error>> + Send {
+    fn watch(
+        &self,
+        params: &WatchParams,
+    ) -> impl Future<Output = Result<WatchStream<Pod>, Error>> + Send {
         let mut params = params.clone();
         params.field_selector = Some(self.selector.clone());
         let api = self.api.clone();
@@ -157,15 +163,22 @@ impl EventHandler<Pod> for Source {
             .update(&self.kubelet, PodUpdate::Pod(pod.clone()), &self.rt);
     }
     fn on_delete(&self, pod: &Deleted<Pod>) {
-        self.kubelet
-            .workers
-            .update(&self.kubelet, PodUpdate::Removed(pod.object().clone()), &self.rt);
+        self.kubelet.workers.update(
+            &self.kubelet,
+            PodUpdate::Removed(pod.object().clone()),
+            &self.rt,
+        );
     }
 }
 
 impl Kubelet {
     /// A kubelet over `cri`, reaching the API as `client` (the node's credentials).
-    pub fn new(config: KubeletConfig, cri: Cri, client: Client, stop: CancellationToken) -> Arc<Kubelet> {
+    pub fn new(
+        config: KubeletConfig,
+        cri: Cri,
+        client: Client,
+        stop: CancellationToken,
+    ) -> Arc<Kubelet> {
         let lookup = ApiLookup::new(client.clone());
         let tokens = crate::volume::token::TokenManager::new(
             ApiTokenSource::new(client.clone()),
@@ -224,7 +237,8 @@ impl Kubelet {
     /// upstream kubelet stops).
     pub async fn run(self: Arc<Self>) {
         let stop = self.stop.clone();
-        let informer = SharedInformer::new(NodePods::new(&self.client, &self.config.node_name), None);
+        let informer =
+            SharedInformer::new(NodePods::new(&self.client, &self.config.node_name), None);
         informer.add_handler(Source {
             kubelet: self.clone(),
             rt: tokio::runtime::Handle::current(),

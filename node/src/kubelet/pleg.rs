@@ -30,7 +30,9 @@ pub async fn relist(cri: &Cri) -> Result<Snapshot, crate::cri::CriError> {
     }
     for c in cri.list_containers(None).await? {
         if let Some(uid) = c.labels.get(LABEL_POD_UID) {
-            out.entry(uid.clone()).or_default().insert((c.id, c.state + 10));
+            out.entry(uid.clone())
+                .or_default()
+                .insert((c.id, c.state + 10));
         }
     }
     Ok(out)

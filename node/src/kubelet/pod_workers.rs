@@ -157,7 +157,9 @@ async fn work(
                 kubelet.clean_up(pod).await;
                 return;
             }
-            (PodUpdate::Pod(pod), WorkerState::Syncing) if pod.metadata.deletion_timestamp.is_some() => {
+            (PodUpdate::Pod(pod), WorkerState::Syncing)
+                if pod.metadata.deletion_timestamp.is_some() =>
+            {
                 let grace = kubelet.grace_period(pod);
                 kubelet.kill_pod(pod, Some(grace)).await;
                 kubelet.write_final_status(pod).await;
@@ -181,7 +183,11 @@ async fn work(
                 if pod.metadata.deletion_timestamp.is_some() && !delete_sent {
                     delete_sent = kubelet.delete_from_api(pod).await;
                 }
-                next = if delete_sent { RESYNC } else { super::SYNC_ERROR_RETRY };
+                next = if delete_sent {
+                    RESYNC
+                } else {
+                    super::SYNC_ERROR_RETRY
+                };
             }
         }
         tokio::select! {

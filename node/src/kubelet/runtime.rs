@@ -193,15 +193,16 @@ pub async fn pod_status(cri: &Cri, uid: &str) -> Result<RuntimePod, CriError> {
         .await?;
     for c in containers {
         let status = match cri.container_status(&c.id, false).await {
-            Ok(resp) => resp.status.expect("Cri::container_status checks it is there"),
+            Ok(resp) => resp
+                .status
+                .expect("Cri::container_status checks it is there"),
             Err(e) if e.is_not_found() => continue,
             Err(e) => return Err(e),
         };
         pod.containers.push(from_status(c.pod_sandbox_id, status));
     }
-    pod.containers.sort_by(|a, b| {
-        (b.created_at, b.restart_count).cmp(&(a.created_at, a.restart_count))
-    });
+    pod.containers
+        .sort_by(|a, b| (b.created_at, b.restart_count).cmp(&(a.created_at, a.restart_count)));
     Ok(pod)
 }
 

@@ -83,7 +83,10 @@ pub fn host_network(pod: &Pod) -> bool {
 /// `<subdomain>.<namespace>.svc.<cluster-domain>` when a subdomain is set.
 pub fn hostname_and_domain(pod: &Pod, cluster_domain: &str) -> (String, Option<String>) {
     let spec = pod.spec.as_ref();
-    let hostname = match spec.and_then(|s| s.hostname.clone()).filter(|h| !h.is_empty()) {
+    let hostname = match spec
+        .and_then(|s| s.hostname.clone())
+        .filter(|h| !h.is_empty())
+    {
         Some(h) => h,
         None => {
             let name = pod.metadata.name.clone().unwrap_or_default();
@@ -139,7 +142,8 @@ pub fn dns_config(pod: &Pod, env: &SandboxEnv) -> api::DnsConfig {
     if let Some(extra) = spec.and_then(|s| s.dns_config.as_ref()) {
         dns.servers
             .extend(extra.nameservers.iter().flatten().cloned());
-        dns.searches.extend(extra.searches.iter().flatten().cloned());
+        dns.searches
+            .extend(extra.searches.iter().flatten().cloned());
         for o in extra.options.iter().flatten() {
             let text = match &o.value {
                 Some(v) => format!("{}:{v}", o.name.as_deref().unwrap_or_default()),
@@ -194,6 +198,35 @@ pub fn qos_class(pod: &Pod) -> String {
     skerry_api::defaults::qos_class(&value).to_string()
 }
 
+/// The pod's namespaces (`namespacesForPod`): the node's network, PID and IPC namespaces
+/// when `hostNetwork`, `hostPID`, `hostIPC`; else the pod's network and IPC and, unless
+/// `shareProcessNamespace`, a PID namespace per container. Both the sandbox and every
+/// container carry it: a container without it would join the sandbox's PID namespace.
+pub fn namespace_options(pod: &Pod) -> api::NamespaceOption {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let node = api::NamespaceMode::Node as i32;
+    api::NamespaceOption {
+        network: if host_network(pod) {
+            node
+        } else {
+            api::NamespaceMode::Pod as i32
+        },
+        pid: if spec.host_pid == Some(true) {
+            node
+        } else if spec.share_process_namespace == Some(true) {
+            api::NamespaceMode::Pod as i32
+        } else {
+            api::NamespaceMode::Container as i32
+        },
+        ipc: if spec.host_ipc == Some(true) {
+            node
+        } else {
+            api::NamespaceMode::Pod as i32
+        },
+        ..Default::default()
+    }
+}
+
 /// The sandbox configuration of `pod`, attempt `attempt`.
 pub fn sandbox_config(pod: &Pod, attempt: u32, env: &SandboxEnv) -> api::PodSandboxConfig {
     let m = &pod.metadata;
@@ -226,27 +259,7 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, env: &SandboxEnv) -> api::PodSand
                 .and_then(|s| s.privileged)
                 .unwrap_or(false)
         });
-    let node = api::NamespaceMode::Node as i32;
-    let namespace_options = api::NamespaceOption {
-        network: if host_net {
-            node
-        } else {
-            api::NamespaceMode::Pod as i32
-        },
-        pid: if spec.host_pid == Some(true) {
-            node
-        } else if spec.share_process_namespace == Some(true) {
-            api::NamespaceMode::Pod as i32
-        } else {
-            api::NamespaceMode::Container as i32
-        },
-        ipc: if spec.host_ipc == Some(true) {
-            node
-        } else {
-            api::NamespaceMode::Pod as i32
-        },
-        ..Default::default()
-    };
+    let namespace_options = namespace_options(pod);
     let qos = qos_class(pod);
     api::PodSandboxConfig {
         metadata: Some(api::PodSandboxMetadata {
@@ -353,7 +366,9 @@ mod tests {
         SandboxEnv {
             cluster_dns: dns.iter().map(|s| s.to_string()).collect(),
             cluster_domain: "cluster.local".into(),
-            host_dns: parse_resolv_conf("nameserver 192.0.2.53\nsearch corp.example\noptions edns0\n"),
+            host_dns: parse_resolv_conf(
+                "nameserver 192.0.2.53\nsearch corp.example\noptions edns0\n",
+            ),
             logs_root: PathBuf::from("/r/pods-logs"),
             cgroup_root: "/kubepods".into(),
         }
@@ -361,35 +376,59 @@ mod tests {
 
     #[test]
     fn dns_follows_the_policy() {
-        let p = pod(serde_json::json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": []}}));
+        let p = pod(
+            serde_json::json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": []}}),
+        );
         let d = dns_config(&p, &env(&["10.96.0.10"]));
         assert_eq!(d.servers, ["10.96.0.10"]);
         assert_eq!(
             d.searches,
-            ["ns.svc.cluster.local", "svc.cluster.local", "cluster.local", "corp.example"]
+            [
+                "ns.svc.cluster.local",
+                "svc.cluster.local",
+                "cluster.local",
+                "corp.example"
+            ]
         );
         assert_eq!(d.options, ["ndots:5"]);
         // No cluster DNS: the node's.
         assert_eq!(dns_config(&p, &env(&[])).servers, ["192.0.2.53"]);
         // Host network with ClusterFirst: the node's; with ClusterFirstWithHostNet: the cluster's.
-        let host = pod(serde_json::json!({"metadata": {"name": "p", "namespace": "ns"},
-            "spec": {"hostNetwork": true, "containers": []}}));
-        assert_eq!(dns_config(&host, &env(&["10.96.0.10"])).servers, ["192.0.2.53"]);
-        let host2 = pod(serde_json::json!({"metadata": {"name": "p", "namespace": "ns"},
-            "spec": {"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet", "containers": []}}));
-        assert_eq!(dns_config(&host2, &env(&["10.96.0.10"])).servers, ["10.96.0.10"]);
+        let host = pod(
+            serde_json::json!({"metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"hostNetwork": true, "containers": []}}),
+        );
+        assert_eq!(
+            dns_config(&host, &env(&["10.96.0.10"])).servers,
+            ["192.0.2.53"]
+        );
+        let host2 = pod(
+            serde_json::json!({"metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet", "containers": []}}),
+        );
+        assert_eq!(
+            dns_config(&host2, &env(&["10.96.0.10"])).servers,
+            ["10.96.0.10"]
+        );
         // None with dnsConfig; options merged by name.
-        let none = pod(serde_json::json!({"metadata": {"name": "p", "namespace": "ns"},
+        let none = pod(
+            serde_json::json!({"metadata": {"name": "p", "namespace": "ns"},
             "spec": {"dnsPolicy": "None", "containers": [], "dnsConfig": {
                 "nameservers": ["1.1.1.1"], "searches": ["a.example"],
-                "options": [{"name": "ndots", "value": "2"}, {"name": "rotate"}]}}}));
+                "options": [{"name": "ndots", "value": "2"}, {"name": "rotate"}]}}}),
+        );
         let d = dns_config(&none, &env(&["10.96.0.10"]));
         assert_eq!(d.servers, ["1.1.1.1"]);
         assert_eq!(d.searches, ["a.example"]);
         assert_eq!(d.options, ["ndots:2", "rotate"]);
-        let merged = pod(serde_json::json!({"metadata": {"name": "p", "namespace": "ns"},
-            "spec": {"containers": [], "dnsConfig": {"options": [{"name": "ndots", "value": "1"}]}}}));
-        assert_eq!(dns_config(&merged, &env(&["10.96.0.10"])).options, ["ndots:1"]);
+        let merged = pod(
+            serde_json::json!({"metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [], "dnsConfig": {"options": [{"name": "ndots", "value": "1"}]}}}),
+        );
+        assert_eq!(
+            dns_config(&merged, &env(&["10.96.0.10"])).options,
+            ["ndots:1"]
+        );
     }
 
     #[test]
@@ -412,7 +451,10 @@ mod tests {
         assert_eq!(c.port_mappings[1].protocol, api::Protocol::Udp as i32);
         let linux = c.linux.expect("linux");
         assert_eq!(linux.cgroup_parent, "/kubepods/burstable/podu1");
-        let ns = linux.security_context.and_then(|s| s.namespace_options).expect("ns");
+        let ns = linux
+            .security_context
+            .and_then(|s| s.namespace_options)
+            .expect("ns");
         assert_eq!(ns.network, api::NamespaceMode::Pod as i32);
         assert_eq!(ns.pid, api::NamespaceMode::Container as i32);
     }
@@ -420,9 +462,11 @@ mod tests {
     #[test]
     fn hostnames_are_cut_to_a_dns_label_and_hosts_files_list_the_pod() {
         let long = format!("{}-x", "a".repeat(62));
-        let p = pod(serde_json::json!({"metadata": {"name": long, "namespace": "ns"},
+        let p = pod(
+            serde_json::json!({"metadata": {"name": long, "namespace": "ns"},
             "spec": {"containers": [], "subdomain": "sub",
-                "hostAliases": [{"ip": "192.0.2.1", "hostnames": ["foo", "bar"]}]}}));
+                "hostAliases": [{"ip": "192.0.2.1", "hostnames": ["foo", "bar"]}]}}),
+        );
         let (h, d) = hostname_and_domain(&p, "cluster.local");
         assert_eq!(h, "a".repeat(62), "cut to 63 and the trailing '-' dropped");
         assert_eq!(d.as_deref(), Some("sub.ns.svc.cluster.local"));
@@ -430,7 +474,9 @@ mod tests {
         assert!(hosts.starts_with("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"));
         assert!(hosts.contains(&format!("10.1.0.7\t{h}.sub.ns.svc.cluster.local\t{h}\n")));
         assert!(hosts.ends_with("# Entries added by HostAliases.\n192.0.2.1\tfoo\tbar\n"));
-        let host = pod(serde_json::json!({"metadata": {"name": "p"}, "spec": {"hostNetwork": true, "containers": []}}));
+        let host = pod(
+            serde_json::json!({"metadata": {"name": "p"}, "spec": {"hostNetwork": true, "containers": []}}),
+        );
         assert_eq!(
             hosts_file(&host, &[], "cluster.local", "127.0.0.1 localhost\n"),
             "# Kubernetes-managed hosts file (host network).\n127.0.0.1 localhost\n"

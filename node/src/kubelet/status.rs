@@ -206,7 +206,12 @@ fn is_running(s: &ContainerStatus) -> bool {
 }
 
 /// The pod's phase (`getPhase`).
-pub fn phase(pod: &Pod, inits: &[ContainerStatus], regulars: &[ContainerStatus], terminal: bool) -> &'static str {
+pub fn phase(
+    pod: &Pod,
+    inits: &[ContainerStatus],
+    regulars: &[ContainerStatus],
+    terminal: bool,
+) -> &'static str {
     let spec = pod.spec.clone().unwrap_or_default();
     let policy = restart_policy(pod);
     let mut pending_init = 0;
@@ -254,9 +259,7 @@ pub fn phase(pod: &Pod, inits: &[ContainerStatus], regulars: &[ContainerStatus],
     if failed_init > 0 && policy == RESTART_NEVER {
         return PHASE_FAILED;
     }
-    let regular_started = regulars
-        .iter()
-        .any(|s| s.container_id.is_some());
+    let regular_started = regulars.iter().any(|s| s.container_id.is_some());
     if (pending_init > 0 && !regular_started) || waiting > 0 {
         return PHASE_PENDING;
     }
@@ -355,12 +358,7 @@ pub fn generate(pod: &Pod, rt: &RuntimePod, input: &StatusInput) -> PodStatus {
     };
     if pod_ips.is_empty() {
         // Keep the IPs a stopped pod had (upstream keeps them for terminal pods too).
-        pod_ips = old
-            .pod_ips
-            .iter()
-            .flatten()
-            .map(|p| p.ip.clone())
-            .collect();
+        pod_ips = old.pod_ips.iter().flatten().map(|p| p.ip.clone()).collect();
     }
     let ready_to_start = sandbox.is_some_and(|s| host_net || !s.ips.is_empty()) && !done;
 
@@ -390,7 +388,10 @@ pub fn generate(pod: &Pod, rt: &RuntimePod, input: &StatusInput) -> PodStatus {
     } else {
         (
             "ContainersNotReady",
-            Some(format!("containers with unready status: [{}]", unready.join(" "))),
+            Some(format!(
+                "containers with unready status: [{}]",
+                unready.join(" ")
+            )),
         )
     };
     let gates_unmet: Vec<String> = spec
@@ -509,7 +510,14 @@ mod tests {
         }
     }
 
-    fn rc(name: &str, id: &str, state: State, exit: i32, restarts: i32, created: i64) -> RuntimeContainer {
+    fn rc(
+        name: &str,
+        id: &str,
+        state: State,
+        exit: i32,
+        restarts: i32,
+        created: i64,
+    ) -> RuntimeContainer {
         RuntimeContainer {
             id: id.into(),
             sandbox_id: "s".into(),
@@ -519,7 +527,11 @@ mod tests {
             state: Some(state),
             created_at: created,
             started_at: 1_700_000_001_000_000_000,
-            finished_at: if state == State::Exited { 1_700_000_002_000_000_000 } else { 0 },
+            finished_at: if state == State::Exited {
+                1_700_000_002_000_000_000
+            } else {
+                0
+            },
             exit_code: exit,
             image_ref: "sha256:img".into(),
             ..Default::default()
@@ -537,7 +549,11 @@ mod tests {
     }
 
     fn cond<'a>(s: &'a PodStatus, t: &str) -> &'a PodCondition {
-        s.conditions.iter().flatten().find(|c| c.type_ == t).expect(t)
+        s.conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == t)
+            .expect(t)
     }
 
     #[test]
@@ -555,8 +571,22 @@ mod tests {
         assert_eq!(s.pod_ip.as_deref(), Some("10.42.0.9"));
         assert_eq!(s.host_ip.as_deref(), Some("192.0.2.10"));
         assert_eq!(s.qos_class.as_deref(), Some("BestEffort"));
-        let types: Vec<&str> = s.conditions.iter().flatten().map(|c| c.type_.as_str()).collect();
-        assert_eq!(types, ["PodScheduled", "PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready"]);
+        let types: Vec<&str> = s
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| c.type_.as_str())
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "PodScheduled",
+                "PodReadyToStartContainers",
+                "Initialized",
+                "ContainersReady",
+                "Ready"
+            ]
+        );
         assert_eq!(cond(&s, "Ready").status, "True");
         let cs = &s.container_statuses.as_ref().expect("statuses")[0];
         assert_eq!(cs.container_id.as_deref(), Some("containerd://c1"));
@@ -581,24 +611,41 @@ mod tests {
             "spec": {"containers": [{"name": "a", "image": "busybox"}]}}));
         let rt = RuntimePod {
             sandboxes: vec![sandbox()],
-            containers: vec![rc("a", "c2", State::Exited, 1, 2, 6), rc("a", "c1", State::Exited, 1, 1, 5)],
+            containers: vec![
+                rc("a", "c2", State::Exited, 1, 2, 6),
+                rc("a", "c1", State::Exited, 1, 1, 5),
+            ],
         };
         let mut i = input();
-        i.reasons.insert("a".into(), Reason {
-            reason: "CrashLoopBackOff".into(),
-            message: "back-off 20s restarting failed container=a pod=p_(u)".into(),
-        });
+        i.reasons.insert(
+            "a".into(),
+            Reason {
+                reason: "CrashLoopBackOff".into(),
+                message: "back-off 20s restarting failed container=a pod=p_(u)".into(),
+            },
+        );
         let s = generate(&p, &rt, &i);
         assert_eq!(s.phase.as_deref(), Some("Running"));
         let cs = &s.container_statuses.as_ref().expect("statuses")[0];
         assert_eq!(cs.restart_count, 2);
-        let w = cs.state.as_ref().and_then(|s| s.waiting.as_ref()).expect("waiting");
+        let w = cs
+            .state
+            .as_ref()
+            .and_then(|s| s.waiting.as_ref())
+            .expect("waiting");
         assert_eq!(w.reason.as_deref(), Some("CrashLoopBackOff"));
-        let last = cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()).expect("last");
+        let last = cs
+            .last_state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .expect("last");
         assert_eq!((last.exit_code, last.reason.as_deref()), (1, Some("Error")));
         assert_eq!(cs.container_id.as_deref(), Some("containerd://c2"));
         assert_eq!(cond(&s, "Ready").status, "False");
-        assert_eq!(cond(&s, "Ready").message.as_deref(), Some("containers with unready status: [a]"));
+        assert_eq!(
+            cond(&s, "Ready").message.as_deref(),
+            Some("containers with unready status: [a]")
+        );
     }
 
     #[test]
@@ -615,10 +662,16 @@ mod tests {
         let init = cond(&s, "Initialized");
         assert_eq!(init.status, "False");
         assert_eq!(init.reason.as_deref(), Some("ContainersNotInitialized"));
-        assert_eq!(init.message.as_deref(), Some("containers with incomplete status: [i1 i2]"));
+        assert_eq!(
+            init.message.as_deref(),
+            Some("containers with incomplete status: [i1 i2]")
+        );
         let cs = &s.container_statuses.as_ref().expect("statuses")[0];
         assert_eq!(
-            cs.state.as_ref().and_then(|s| s.waiting.as_ref()).and_then(|w| w.reason.as_deref()),
+            cs.state
+                .as_ref()
+                .and_then(|s| s.waiting.as_ref())
+                .and_then(|w| w.reason.as_deref()),
             Some("PodInitializing")
         );
         let rt = RuntimePod {
@@ -633,16 +686,25 @@ mod tests {
         assert_eq!(s.phase.as_deref(), Some("Running"));
         assert_eq!(cond(&s, "Initialized").status, "True");
         let i1 = &s.init_container_statuses.as_ref().expect("inits")[0];
-        let t = i1.state.as_ref().and_then(|s| s.terminated.as_ref()).expect("terminated");
+        let t = i1
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .expect("terminated");
         assert_eq!(t.reason.as_deref(), Some("Completed"));
         // A failed init container under Never fails the pod.
-        let never = pod(serde_json::json!({"metadata": {"name": "p"}, "spec": {"restartPolicy": "Never",
-            "initContainers": [{"name": "i1", "image": "b"}], "containers": [{"name": "a", "image": "b"}]}}));
+        let never = pod(
+            serde_json::json!({"metadata": {"name": "p"}, "spec": {"restartPolicy": "Never",
+            "initContainers": [{"name": "i1", "image": "b"}], "containers": [{"name": "a", "image": "b"}]}}),
+        );
         let rt = RuntimePod {
             sandboxes: vec![sandbox()],
             containers: vec![rc("i1", "c1", State::Exited, 3, 0, 5)],
         };
-        assert_eq!(generate(&never, &rt, &input()).phase.as_deref(), Some("Failed"));
+        assert_eq!(
+            generate(&never, &rt, &input()).phase.as_deref(),
+            Some("Failed")
+        );
     }
 
     #[test]

@@ -108,7 +108,8 @@ mod tests {
 
     #[test]
     fn removed_fields_are_nulled_lists_replaced() {
-        let old = serde_json::json!({"phase": "Pending", "reason": "X", "conditions": [{"type": "A"}]});
+        let old =
+            serde_json::json!({"phase": "Pending", "reason": "X", "conditions": [{"type": "A"}]});
         let new = serde_json::json!({"phase": "Running", "conditions": [{"type": "B"}]});
         assert_eq!(
             status_patch(&old, &new),

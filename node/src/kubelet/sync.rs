@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use skerry_client::events::object_reference;
 use tracing::{debug, info, warn};
 
-use super::actions::{self, ContainerRef, Kind, container_hash, compute_pod_actions};
+use super::actions::{self, ContainerRef, Kind, compute_pod_actions, container_hash};
 use super::backoff::{container_key, image_key};
 use super::container::{ContainerInput, DEFAULT_GRACE_SECONDS, container_config};
 use super::pod_workers::{SyncResult, pod_name};
@@ -22,7 +22,7 @@ use super::sandbox::{self, host_network};
 use super::status::{self, Reason, StatusInput};
 use super::{Kubelet, pod_workers};
 use crate::cri::api;
-use crate::env::{EnvInput, EVENT_WARNING, make_environment};
+use crate::env::{EVENT_WARNING, EnvInput, make_environment};
 use crate::volume::ContainerMount;
 
 /// `Normal` events.
@@ -99,7 +99,10 @@ impl Kubelet {
             return (false, None);
         };
         let Some(start) = pod.status.as_ref().and_then(|s| s.start_time.as_ref()) else {
-            return (false, Some(Duration::from_secs(u64::try_from(limit).unwrap_or(0))));
+            return (
+                false,
+                Some(Duration::from_secs(u64::try_from(limit).unwrap_or(0))),
+            );
         };
         let now = jiff::Timestamp::now();
         let elapsed = now.as_second() - start.0.as_second();
@@ -114,19 +117,30 @@ impl Kubelet {
     /// creates the sandbox if needed, starts containers, writes the status.
     pub async fn sync_pod(self: &Arc<Self>, pod: &Pod) -> anyhow::Result<SyncResult> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
+        let phase = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or_default();
         if status::is_terminal_phase(phase) {
             return Ok(SyncResult::Terminal);
         }
         let (exceeded, deadline_in) = self.deadline(pod);
         if exceeded {
-            self.record(pod, EVENT_NORMAL, status::REASON_DEADLINE_EXCEEDED, status::MESSAGE_DEADLINE_EXCEEDED);
+            self.record(
+                pod,
+                EVENT_NORMAL,
+                status::REASON_DEADLINE_EXCEEDED,
+                status::MESSAGE_DEADLINE_EXCEEDED,
+            );
             self.kill_pod(pod, Some(self.grace_period(pod))).await;
             let rt = runtime::pod_status(&self.cri, &uid).await?;
             let mut input = self.status_input(pod, &rt);
             input.terminal = true;
             input.deadline_exceeded = true;
-            self.statuses.set(pod, &status::generate(pod, &rt, &input)).await?;
+            self.statuses
+                .set(pod, &status::generate(pod, &rt, &input))
+                .await?;
             return Ok(SyncResult::Terminal);
         }
         let rt = runtime::pod_status(&self.cri, &uid)
@@ -136,7 +150,12 @@ impl Kubelet {
         debug!(pod = %pod_name(pod), ?actions, "sync");
         if actions.kill_pod {
             if actions.create_sandbox && !rt.sandboxes.is_empty() {
-                self.record(pod, EVENT_NORMAL, "SandboxChanged", "Pod sandbox changed, it will be killed and re-created.");
+                self.record(
+                    pod,
+                    EVENT_NORMAL,
+                    "SandboxChanged",
+                    "Pod sandbox changed, it will be killed and re-created.",
+                );
             }
             self.kill_running(pod, &rt, self.grace_period(pod)).await;
             for s in &rt.sandboxes {
@@ -146,7 +165,12 @@ impl Kubelet {
             }
         }
         for k in &actions.kill {
-            self.record(pod, EVENT_NORMAL, "Killing", &format!("{}, will be restarted", k.message));
+            self.record(
+                pod,
+                EVENT_NORMAL,
+                "Killing",
+                &format!("{}, will be restarted", k.message),
+            );
             if let Some(c) = rt.containers.iter().find(|c| c.id == k.id) {
                 self.stop_container(pod, c, self.grace_period(pod)).await;
             }
@@ -169,7 +193,11 @@ impl Kubelet {
         if terminal {
             return Ok(SyncResult::Terminal);
         }
-        Ok(SyncResult::Again(retry.unwrap_or(pod_workers::RESYNC).min(pod_workers::RESYNC)))
+        Ok(SyncResult::Again(
+            retry
+                .unwrap_or(pod_workers::RESYNC)
+                .min(pod_workers::RESYNC),
+        ))
     }
 
     fn status_input(&self, pod: &Pod, rt: &RuntimePod) -> StatusInput {
@@ -251,8 +279,15 @@ impl Kubelet {
                 .unwrap_or_default();
             (id, ips)
         } else {
-            let id = actions.sandbox_id.clone().expect("a sync without a new sandbox has one");
-            let ips = rt.sandboxes.first().map(|s| s.ips.clone()).unwrap_or_default();
+            let id = actions
+                .sandbox_id
+                .clone()
+                .expect("a sync without a new sandbox has one");
+            let ips = rt
+                .sandboxes
+                .first()
+                .map(|s| s.ips.clone())
+                .unwrap_or_default();
             (id, ips)
         };
         let pod_ips = if host_network(pod) {
@@ -298,7 +333,9 @@ impl Kubelet {
         let dir = self.pod_dir(&uid);
         tokio::fs::create_dir_all(&dir).await?;
         let node_hosts = if host_network(pod) {
-            tokio::fs::read_to_string(&self.config.hosts_file).await.unwrap_or_default()
+            tokio::fs::read_to_string(&self.config.hosts_file)
+                .await
+                .unwrap_or_default()
         } else {
             String::new()
         };
@@ -313,24 +350,36 @@ impl Kubelet {
         let image = c.image.clone().unwrap_or_default();
         let policy = c.image_pull_policy.clone().unwrap_or_else(|| {
             // The API defaults it; an undefaulted pod gets the same rule.
-            if image.ends_with(":latest") || !image.rsplit('/').next().unwrap_or_default().contains(':') {
+            if image.ends_with(":latest")
+                || !image.rsplit('/').next().unwrap_or_default().contains(':')
+            {
                 PULL_ALWAYS.to_string()
             } else {
                 "IfNotPresent".to_string()
             }
         });
-        let present = self.cri.image_status(&image).await.map_err(|e| StartFailure {
-            reason: "ErrImageInspect",
-            message: format!("Failed to inspect image \"{image}\": {e}"),
-            retry_in: None,
-        })?;
+        let present = self
+            .cri
+            .image_status(&image)
+            .await
+            .map_err(|e| StartFailure {
+                reason: "ErrImageInspect",
+                message: format!("Failed to inspect image \"{image}\": {e}"),
+                retry_in: None,
+            })?;
         if policy != PULL_ALWAYS {
             if let Some(img) = present {
-                self.record(pod, EVENT_NORMAL, "Pulled", &format!("Container image \"{image}\" already present on machine"));
+                self.record(
+                    pod,
+                    EVENT_NORMAL,
+                    "Pulled",
+                    &format!("Container image \"{image}\" already present on machine"),
+                );
                 return Ok(img.id);
             }
             if policy == PULL_NEVER {
-                let message = format!("Container image \"{image}\" is not present with pull policy of Never");
+                let message =
+                    format!("Container image \"{image}\" is not present with pull policy of Never");
                 self.record(pod, EVENT_WARNING, "ErrImageNeverPull", &message);
                 return Err(StartFailure {
                     reason: "ErrImageNeverPull",
@@ -353,7 +402,12 @@ impl Kubelet {
                 });
             }
         }
-        self.record(pod, EVENT_NORMAL, "Pulling", &format!("Pulling image \"{image}\""));
+        self.record(
+            pod,
+            EVENT_NORMAL,
+            "Pulling",
+            &format!("Pulling image \"{image}\""),
+        );
         let started = Instant::now();
         match self.cri.pull_image(&image, None, None).await {
             Ok(id) => {
@@ -361,7 +415,10 @@ impl Kubelet {
                     pod,
                     EVENT_NORMAL,
                     "Pulled",
-                    &format!("Successfully pulled image \"{image}\" in {:?}", started.elapsed()),
+                    &format!(
+                        "Successfully pulled image \"{image}\" in {:?}",
+                        started.elapsed()
+                    ),
                 );
                 Ok(id)
             }
@@ -401,7 +458,8 @@ impl Kubelet {
         // CrashLoopBackOff (`doBackOff`): only for a container that exited before.
         if let Some(l) = latest.filter(|l| l.exited()) {
             let key = container_key(&uid, &c.name, &hash);
-            let finished = SystemTime::UNIX_EPOCH + Duration::from_nanos(l.finished_at.max(0) as u64);
+            let finished =
+                SystemTime::UNIX_EPOCH + Duration::from_nanos(l.finished_at.max(0) as u64);
             let now = SystemTime::now();
             let mut backoff = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(wait) = backoff.remaining(&key, finished, now) {
@@ -413,7 +471,16 @@ impl Kubelet {
                     pod.metadata.name.as_deref().unwrap_or_default(),
                     pod.metadata.namespace.as_deref().unwrap_or_default(),
                 );
-                self.record(pod, EVENT_WARNING, "BackOff", &format!("Back-off restarting failed container {} in pod {}", c.name, pod_name(pod)));
+                self.record(
+                    pod,
+                    EVENT_WARNING,
+                    "BackOff",
+                    &format!(
+                        "Back-off restarting failed container {} in pod {}",
+                        c.name,
+                        pod_name(pod)
+                    ),
+                );
                 return Err(StartFailure {
                     reason: "CrashLoopBackOff",
                     message,
@@ -506,7 +573,12 @@ impl Kubelet {
                 });
             }
         };
-        self.record(pod, EVENT_NORMAL, "Created", &format!("Created container {}", c.name));
+        self.record(
+            pod,
+            EVENT_NORMAL,
+            "Created",
+            &format!("Created container {}", c.name),
+        );
         if let Err(e) = self.cri.start_container(&id).await {
             let message = e.to_string();
             self.record(pod, EVENT_WARNING, "Failed", &format!("Error: {message}"));
@@ -516,7 +588,12 @@ impl Kubelet {
                 retry_in: None,
             });
         }
-        self.record(pod, EVENT_NORMAL, "Started", &format!("Started container {}", c.name));
+        self.record(
+            pod,
+            EVENT_NORMAL,
+            "Started",
+            &format!("Started container {}", c.name),
+        );
         info!(pod = %pod_name(pod), container = %c.name, kind = ?r.kind, restart_count, "container started");
         Ok(())
     }
@@ -531,7 +608,8 @@ impl Kubelet {
             .and_then(|j| serde_json::from_str::<LifecycleHandler>(j).ok())
         {
             if let Some(exec) = handler.exec.as_ref().and_then(|e| e.command.clone()) {
-                let hook = tokio::time::timeout(grace, self.cri.exec_sync(&c.id, exec, grace)).await;
+                let hook =
+                    tokio::time::timeout(grace, self.cri.exec_sync(&c.id, exec, grace)).await;
                 match hook {
                     Ok(Ok(r)) if r.exit_code == 0 => {}
                     Ok(Ok(r)) => self.record(
@@ -540,13 +618,28 @@ impl Kubelet {
                         "FailedPreStopHook",
                         &format!("PreStopHook failed: exit code {}", r.exit_code),
                     ),
-                    Ok(Err(e)) => self.record(pod, EVENT_WARNING, "FailedPreStopHook", &format!("PreStopHook failed: {e}")),
-                    Err(_) => self.record(pod, EVENT_WARNING, "FailedPreStopHook", "PreStopHook failed: timed out"),
+                    Ok(Err(e)) => self.record(
+                        pod,
+                        EVENT_WARNING,
+                        "FailedPreStopHook",
+                        &format!("PreStopHook failed: {e}"),
+                    ),
+                    Err(_) => self.record(
+                        pod,
+                        EVENT_WARNING,
+                        "FailedPreStopHook",
+                        "PreStopHook failed: timed out",
+                    ),
                 }
             }
         }
         let left = grace.saturating_sub(started.elapsed()).max(MINIMUM_GRACE);
-        self.record(pod, EVENT_NORMAL, "Killing", &format!("Stopping container {}", c.name));
+        self.record(
+            pod,
+            EVENT_NORMAL,
+            "Killing",
+            &format!("Stopping container {}", c.name),
+        );
         if let Err(e) = self.cri.stop_container(&c.id, left).await {
             if !e.is_not_found() {
                 warn!(pod = %pod_name(pod), container = %c.name, error = %e, "stopping a container failed");
@@ -572,7 +665,8 @@ impl Kubelet {
                 return;
             }
         };
-        self.kill_running(pod, &rt, grace.unwrap_or(MINIMUM_GRACE)).await;
+        self.kill_running(pod, &rt, grace.unwrap_or(MINIMUM_GRACE))
+            .await;
         for s in &rt.sandboxes {
             if let Err(e) = self.cri.stop_pod_sandbox(&s.id).await {
                 warn!(pod = %pod_name(pod), error = %e, "stopping a sandbox failed");
@@ -635,9 +729,12 @@ impl Kubelet {
             Ok(()) => {
                 let _ = tokio::fs::remove_dir_all(self.pod_dir(&uid)).await;
             }
-            Err(e) => warn!(pod = %pod_name(pod), error = %e, "tearing down volumes failed; the pod's directory stays"),
+            Err(e) => {
+                warn!(pod = %pod_name(pod), error = %e, "tearing down volumes failed; the pod's directory stays")
+            }
         }
-        let _ = tokio::fs::remove_dir_all(sandbox::pod_logs_dir(&self.sandbox_env.logs_root, pod)).await;
+        let _ = tokio::fs::remove_dir_all(sandbox::pod_logs_dir(&self.sandbox_env.logs_root, pod))
+            .await;
         remove_pod_cgroup(&sandbox::cgroup_parent(
             &self.sandbox_env.cgroup_root,
             &sandbox::qos_class(pod),
