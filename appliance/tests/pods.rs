@@ -155,10 +155,10 @@ fn cleanup(socket: &Path, dir: &Path, cgroup_root: &str) {
                 .nth(2)
                 .is_some_and(|p| p.starts_with(&format!("{cgroup_root}/")))
         });
-        if text.contains(&socket) || in_test_cgroup {
-            if let Some(p) = rustix::process::Pid::from_raw(pid) {
-                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-            }
+        if (text.contains(&socket) || in_test_cgroup)
+            && let Some(p) = rustix::process::Pid::from_raw(pid)
+        {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
         }
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -465,7 +465,7 @@ fn init_containers_run_in_order_and_crashes_back_off() {
     let mut seen: Vec<(i64, Instant)> = Vec::new();
     let mut crash_loop_seen = false;
     let deadline = Instant::now() + Duration::from_secs(120);
-    while seen.last().map_or(true, |(n, _)| *n < 3) {
+    while seen.last().is_none_or(|(n, _)| *n < 3) {
         assert!(
             Instant::now() < deadline,
             "restarts seen: {seen:?}\n{}",

@@ -183,7 +183,7 @@ pub async fn pod_status(cri: &Cri, uid: &str) -> Result<RuntimePod, CriError> {
         pod.sandboxes.push(sandbox);
     }
     pod.sandboxes
-        .sort_by(|a, b| (b.created_at, b.attempt).cmp(&(a.created_at, a.attempt)));
+        .sort_by_key(|s| std::cmp::Reverse((s.created_at, s.attempt)));
 
     let containers = cri
         .list_containers(Some(api::ContainerFilter {
@@ -202,7 +202,7 @@ pub async fn pod_status(cri: &Cri, uid: &str) -> Result<RuntimePod, CriError> {
         pod.containers.push(from_status(c.pod_sandbox_id, status));
     }
     pod.containers
-        .sort_by(|a, b| (b.created_at, b.restart_count).cmp(&(a.created_at, a.restart_count)));
+        .sort_by_key(|c| std::cmp::Reverse((c.created_at, c.restart_count)));
     Ok(pod)
 }
 

@@ -303,6 +303,17 @@ fn condition(type_: &str, ok: bool, reason: Option<&str>, message: Option<String
     }
 }
 
+/// Whether an init container has done its part: a sidecar runs (or ran, for a stopped
+/// pod); a regular one exited 0.
+fn init_done(c: &Container, s: &ContainerStatus, terminal: bool) -> bool {
+    if is_sidecar(c) {
+        is_running(s) || s.container_id.is_some() && terminal
+    } else {
+        is_terminated(s).is_some_and(|t| t.exit_code == 0)
+            || last_terminated(s).is_some_and(|t| t.exit_code == 0) && !is_running(s)
+    }
+}
+
 /// The pod's status (`generateAPIPodStatus`).
 pub fn generate(pod: &Pod, rt: &RuntimePod, input: &StatusInput) -> PodStatus {
     let old = pod.status.clone().unwrap_or_default();
@@ -312,14 +323,10 @@ pub fn generate(pod: &Pod, rt: &RuntimePod, input: &StatusInput) -> PodStatus {
         .iter()
         .map(|c| container_status(c, rt, input, REASON_POD_INITIALIZING))
         .collect();
-    let initialized = inits.iter().zip(&init_statuses).all(|(c, s)| {
-        if is_sidecar(c) {
-            is_running(s) || s.container_id.is_some() && input.terminal
-        } else {
-            is_terminated(s).is_some_and(|t| t.exit_code == 0)
-                || last_terminated(s).is_some_and(|t| t.exit_code == 0) && !is_running(s)
-        }
-    });
+    let initialized = inits
+        .iter()
+        .zip(&init_statuses)
+        .all(|(c, s)| init_done(c, s, input.terminal));
     let default_waiting = if initialized {
         REASON_CONTAINER_CREATING
     } else {
@@ -371,14 +378,7 @@ pub fn generate(pod: &Pod, rt: &RuntimePod, input: &StatusInput) -> PodStatus {
     let not_initialized: Vec<String> = inits
         .iter()
         .zip(&init_statuses)
-        .filter(|(c, s)| {
-            if is_sidecar(c) {
-                !(is_running(s) || s.container_id.is_some() && input.terminal)
-            } else {
-                !is_terminated(s).is_some_and(|t| t.exit_code == 0)
-                    && !(last_terminated(s).is_some_and(|t| t.exit_code == 0) && !is_running(s))
-            }
-        })
+        .filter(|(c, s)| !init_done(c, s, input.terminal))
         .map(|(c, _)| c.name.clone())
         .collect();
     let unready = names(&|s: &ContainerStatus| !s.ready, &statuses);

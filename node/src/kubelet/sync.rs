@@ -602,12 +602,12 @@ impl Kubelet {
     /// `StopContainer` with what is left of it (`killContainer`).
     async fn stop_container(&self, pod: &Pod, c: &runtime::RuntimeContainer, grace: Duration) {
         let started = Instant::now();
-        if let Some(handler) = c
+        let handler = c
             .pre_stop
             .as_deref()
-            .and_then(|j| serde_json::from_str::<LifecycleHandler>(j).ok())
+            .and_then(|j| serde_json::from_str::<LifecycleHandler>(j).ok());
         {
-            if let Some(exec) = handler.exec.as_ref().and_then(|e| e.command.clone()) {
+            if let Some(exec) = handler.and_then(|h| h.exec).and_then(|e| e.command) {
                 let hook =
                     tokio::time::timeout(grace, self.cri.exec_sync(&c.id, exec, grace)).await;
                 match hook {
@@ -640,10 +640,10 @@ impl Kubelet {
             "Killing",
             &format!("Stopping container {}", c.name),
         );
-        if let Err(e) = self.cri.stop_container(&c.id, left).await {
-            if !e.is_not_found() {
-                warn!(pod = %pod_name(pod), container = %c.name, error = %e, "stopping a container failed");
-            }
+        if let Err(e) = self.cri.stop_container(&c.id, left).await
+            && !e.is_not_found()
+        {
+            warn!(pod = %pod_name(pod), container = %c.name, error = %e, "stopping a container failed");
         }
     }
 
@@ -759,10 +759,10 @@ impl Kubelet {
         for c in rt.containers.iter().filter(|c| c.exited()) {
             let n = dead_seen.entry(c.name.as_str()).or_default();
             *n += 1;
-            if *n > 1 {
-                if let Err(e) = self.cri.remove_container(&c.id).await {
-                    debug!(container = %c.id, error = %e, "removing a dead container failed");
-                }
+            if *n > 1
+                && let Err(e) = self.cri.remove_container(&c.id).await
+            {
+                debug!(container = %c.id, error = %e, "removing a dead container failed");
             }
         }
     }
