@@ -25,6 +25,16 @@ use crate::{ADMIN_KUBECONFIG_FILE, DATA_DIR_DEFAULT, KubeconfigArgs, ServerArgs}
 /// Pause between attempts to seed a cluster's store while it has no quorum yet.
 const START_RETRY: Duration = Duration::from_secs(1);
 
+/// The running apiserver, and what the node agent needs to reach it.
+pub struct Started {
+    /// The apiserver and its controllers.
+    pub task: tokio::task::JoinHandle<()>,
+    /// The cluster PKI (the node's client certificate comes from its CA).
+    pub pki: Arc<Pki>,
+    /// The API's URL on the loopback.
+    pub local_url: String,
+}
+
 /// Loads (or creates) the PKI, writes the admin kubeconfig, and spawns the apiserver, which
 /// starts serving once the store accepts writes (a cluster needs its quorum first).
 pub fn start(
@@ -33,7 +43,7 @@ pub fn start(
     store: Store,
     listener: TcpListener,
     stop: watch::Receiver<bool>,
-) -> Result<tokio::task::JoinHandle<()>> {
+) -> Result<Started> {
     let pki_dir = args
         .pki_dir
         .clone()
@@ -127,7 +137,9 @@ pub fn start(
         CONTROLLER_MANAGER_USER,
         CONTROLLER_MANAGER_GROUP,
     )?;
-    Ok(tokio::spawn(async move {
+    let started_pki = pki.clone();
+    let started_url = local_url.clone();
+    let task = tokio::spawn(async move {
         // A new cluster's store is seeded once it takes writes (a cluster needs its quorum).
         while let Err(e) = skerry_apiserver::startup::bootstrap(&store, &service_cidr, port).await {
             tracing::info!(error = %e.message, "the Kubernetes API waits for the store");
@@ -165,7 +177,12 @@ pub fn start(
             let _ = serve_stop_tx.send(true);
         });
         skerry_apiserver::server::serve(api, listener, Arc::new(tls), serve_stop).await;
-    }))
+    });
+    Ok(Started {
+        task,
+        pki: started_pki,
+        local_url: started_url,
+    })
 }
 
 /// The controller manager's own user: it reads through the shared informers and holds the

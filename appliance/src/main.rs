@@ -18,6 +18,7 @@ mod fdlimit;
 mod http;
 mod kube;
 mod kubeconfig;
+mod node;
 mod pki;
 mod tls;
 
@@ -260,6 +261,9 @@ struct ServerArgs {
     /// Require clients to present a certificate signed by --trusted-ca-file.
     #[arg(long)]
     client_cert_auth: bool,
+    /// The node agent (the kubelet) that runs this member's pods.
+    #[command(flatten)]
+    node: node::NodeArgs,
 }
 
 /// Where a cluster member keeps its Raft log, inside the data dir.
@@ -426,6 +430,8 @@ fn data_dir_or_default(data_dir: Option<PathBuf>) -> Result<PathBuf> {
 }
 
 fn server(args: ServerArgs) -> Result<()> {
+    // The node's flags are checked before anything starts, as the kubelet refuses bad ones.
+    args.node.reservations().map_err(anyhow::Error::msg)?;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log_level))
         .context("parse --log-level")?;
@@ -608,11 +614,19 @@ fn server(args: ServerArgs) -> Result<()> {
         );
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut apiserver_task = None;
+        let mut node_agent = None;
         if let Some(listener) = api_listener {
-            apiserver_task = Some(
-                kube::start(&args, &data_dir, store.clone(), listener, stop_rx.clone())
-                    .context("start the Kubernetes API")?,
-            );
+            let started = kube::start(&args, &data_dir, store.clone(), listener, stop_rx.clone())
+                .context("start the Kubernetes API")?;
+            apiserver_task = Some(started.task);
+            node_agent = node::start(
+                &args.node,
+                &data_dir,
+                started.pki,
+                &started.local_url,
+                stop_rx.clone(),
+            )
+            .await;
         }
         let mut servers = Vec::new();
         // Each client URL: gRPC (HTTP/2) and the HTTP face (HTTP/1) on one port.
@@ -695,6 +709,9 @@ fn server(args: ServerArgs) -> Result<()> {
             }
         }
         drop(api);
+        if let Some(agent) = node_agent {
+            agent.stop().await;
+        }
         if let Some(task) = apiserver_task {
             let _ = tokio::time::timeout(SHUTDOWN_GRACE, task).await;
         }

@@ -10,6 +10,7 @@ pub mod containerd;
 pub mod cri;
 pub mod env;
 pub mod images;
+pub mod kubelet;
 pub mod machine;
 pub mod nodestatus;
 pub mod volume;

@@ -18,6 +18,10 @@ pub const KUBECTL: &str = "/usr/bin/kubectl";
 /// a loaded 2-core machine running tests in parallel.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// `--eviction-hard` of the tests' node agents (see `launch`).
+const EVICTION_HARD_FOR_TESTS: &str =
+    "--eviction-hard=memory.available<100Mi,nodefs.available<1%,imagefs.available<1%";
+
 /// A `skerry server` with its Kubernetes API, killed on drop.
 pub struct Kube {
     pub _child: KilledOnDrop,
@@ -39,8 +43,23 @@ impl Drop for KilledOnDrop {
 }
 
 impl Kube {
+    /// A server with the control plane only (`--disable-agent`): these tests run many
+    /// servers and kill them with SIGKILL, which a supervised containerd would outlive.
     pub fn start(extra: &[&str]) -> Kube {
-        let dir = tempfile::tempdir().expect("tempdir");
+        Kube::launch(extra, false, &[])
+    }
+
+    /// A server that also runs its node agent (containerd and the kubelet): the caller stops
+    /// it with SIGTERM so containerd stops with it.
+    pub fn start_with_agent(extra: &[&str], env: &[(&str, &str)]) -> Kube {
+        Kube::launch(extra, true, env)
+    }
+
+    fn launch(extra: &[&str], agent: bool, env: &[(&str, &str)]) -> Kube {
+        let dir = tempfile::Builder::new()
+            .prefix("sk")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
         let data = dir.path().join("data");
         let home = dir.path().join("home");
         std::fs::create_dir_all(&home).expect("home");
@@ -58,7 +77,13 @@ impl Kube {
                 "--secure-port",
                 &api_port.to_string(),
             ])
+            .args((!agent).then_some("--disable-agent"))
+            // The node's disk is the build machine's, often past the kubelet's default
+            // `nodefs.available<10%` (target dirs): DiskPressure would taint the node and no
+            // pod would schedule. The tests keep memory's default and a 1 % disk floor.
+            .args(agent.then_some(EVICTION_HARD_FOR_TESTS))
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("server.log")).expect("log file"))
@@ -251,6 +276,7 @@ impl Cluster {
                     // One CA for the cluster: every member reads the same PKI directory.
                     "--pki-dir",
                     &pki.display().to_string(),
+                    "--disable-agent",
                 ])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())

@@ -1,0 +1,393 @@
+//! Wiring of the node agent into `skerry server`: every member is also a node, as k3s's
+//! server is. With no flags, skerry starts its own supervised containerd under the data dir,
+//! imports the pause image it builds from catatonit, watches the images folder, and runs the
+//! kubelet (`skerry_node::kubelet`) as `system:node:<name>` in `system:nodes`, with a client
+//! certificate the cluster CA issues in memory. `--container-runtime-endpoint` names any CRI
+//! runtime instead.
+//!
+//! A machine that cannot run containers (no containerd or runc, not root) still serves the
+//! control plane: one line says what to install, and the node agent stays off.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use k8s_openapi::api::core::v1::Taint;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use skerry_client::{Api, Client, PostParams};
+use skerry_node::cni::{self, CniConfig};
+use skerry_node::containerd::config::cni_bin_dir;
+use skerry_node::containerd::{Containerd, ContainerdConfig};
+use skerry_node::cri::Cri;
+use skerry_node::images::{self, build};
+use skerry_node::kubelet::{Kubelet, KubeletConfig};
+use skerry_node::machine::{self, Reservations};
+use skerry_node::nodestatus::readiness::Readiness;
+use skerry_node::nodestatus::{NodeStatusConfig, NodeStatusManager, RuntimeInfo, flags};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::pki::{ADMIN_USER, LEAF_VALIDITY, Pki};
+
+/// The node agent's flags (the kubelet's names).
+#[derive(Args, Clone, Debug)]
+pub struct NodeArgs {
+    /// Run no node agent on this member: the control plane only (k3s's flag).
+    #[arg(long)]
+    pub disable_agent: bool,
+    /// A CRI runtime's socket (unix:///path or a path) to use instead of starting skerry's
+    /// own containerd.
+    #[arg(long)]
+    pub container_runtime_endpoint: Option<String>,
+    /// The image of every pod's sandbox (its "pause" container); skerry builds and imports
+    /// skerry.local/pause:1 itself.
+    #[arg(long, default_value = build::PAUSE_IMAGE)]
+    pub pod_infra_container_image: String,
+    /// The node's IP address [default: the address of the default route's interface].
+    #[arg(long)]
+    pub node_ip: Option<IpAddr>,
+    /// The node's name [default: the host name].
+    #[arg(long)]
+    pub hostname_override: Option<String>,
+    /// The kubelet's directory (pods' volumes and logs) [default: <data-dir>/agent/kubelet].
+    #[arg(long)]
+    pub root_dir: Option<PathBuf>,
+    /// DNS servers of pods with dnsPolicy ClusterFirst, comma-separated [default: none: such
+    /// pods get the node's resolver configuration].
+    #[arg(long, value_delimiter = ',')]
+    pub cluster_dns: Vec<IpAddr>,
+    /// The cluster's DNS domain.
+    #[arg(long, default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// Most pods this node runs (the kubelet's default).
+    #[arg(long, default_value_t = 110)]
+    pub max_pods: u32,
+    /// The cgroup under which the pods' `kubepods` hierarchy goes (the kubelet's flag).
+    #[arg(long, default_value = "/")]
+    pub cgroup_root: String,
+    /// Labels of the Node at registration, `key=value,...` (the kubelet's rules for the
+    /// kubernetes.io and k8s.io prefixes).
+    #[arg(long, value_parser = parse_node_labels, default_value = "")]
+    pub node_labels: BTreeMap<String, String>,
+    /// Taints of the Node at registration, `key=value:Effect,...`.
+    #[arg(long, value_parser = parse_taints, default_value = "")]
+    pub register_with_taints: Taints,
+    /// What is kept for the kubelet and the runtime, `cpu=100m,memory=256Mi,...`.
+    #[arg(long, default_value = "")]
+    pub kube_reserved: String,
+    /// What is kept for the system's own daemons, `cpu=100m,memory=256Mi,...`.
+    #[arg(long, default_value = "")]
+    pub system_reserved: String,
+    /// The hard eviction thresholds, subtracted from allocatable (the kubelet's default).
+    #[arg(long, default_value = machine::EVICTION_HARD_DEFAULT)]
+    pub eviction_hard: String,
+}
+
+/// `--register-with-taints`, parsed.
+#[derive(Clone, Debug, Default)]
+pub struct Taints(pub Vec<Taint>);
+
+fn parse_node_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
+    flags::parse_node_labels(text).map_err(|e| e.0)
+}
+
+fn parse_taints(text: &str) -> Result<Taints, String> {
+    flags::parse_taints(text).map(Taints).map_err(|e| e.0)
+}
+
+impl NodeArgs {
+    /// The reservations of `--kube-reserved`, `--system-reserved` and `--eviction-hard`; an
+    /// error names its flag.
+    pub fn reservations(&self) -> Result<Reservations, String> {
+        Reservations::parse(
+            &self.kube_reserved,
+            &self.system_reserved,
+            &self.eviction_hard,
+        )
+        .map_err(|e| e.0)
+    }
+}
+
+/// The kubelet's own directory under the agent's.
+const KUBELET_DIR: &str = "agent/kubelet";
+/// The cgroup of every pod, under `--cgroup-root` (the kubelet's `defaultNodeAllocatableCgroupName`).
+const KUBEPODS: &str = "kubepods";
+/// The pause image's source binary.
+const CATATONIT: &str = build::CATATONIT;
+/// Pause between attempts at the API calls of start-up while the API is not up yet.
+const API_RETRY: Duration = Duration::from_secs(1);
+
+/// The node agent, running.
+pub struct NodeAgent {
+    task: tokio::task::JoinHandle<()>,
+    stop: CancellationToken,
+    containerd: Option<Containerd>,
+}
+
+impl NodeAgent {
+    /// Stops the kubelet, then the supervised containerd (containers keep running, as when
+    /// the upstream kubelet and containerd stop).
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+        if let Some(containerd) = self.containerd {
+            containerd.stop().await;
+        }
+    }
+}
+
+/// Starts the node agent, or says in one line why it cannot run and returns `None`.
+pub async fn start(
+    args: &NodeArgs,
+    data_dir: &Path,
+    pki: Arc<Pki>,
+    api_url: &str,
+    mut stop_rx: watch::Receiver<bool>,
+) -> Option<NodeAgent> {
+    if args.disable_agent {
+        return None;
+    }
+    let (cri, containerd) = match &args.container_runtime_endpoint {
+        Some(endpoint) => match Cri::new(endpoint) {
+            Ok(cri) => (cri, None),
+            Err(e) => {
+                eprintln!("skerry: no node agent: --container-runtime-endpoint: {e}");
+                return None;
+            }
+        },
+        None => {
+            if !rustix::process::geteuid().is_root() {
+                eprintln!(
+                    "skerry: no node agent: running containers needs root (the control plane serves; start as root to run pods)"
+                );
+                return None;
+            }
+            match Containerd::start(ContainerdConfig {
+                data_dir: data_dir.to_path_buf(),
+                sandbox_image: args.pod_infra_container_image.clone(),
+                binary: None,
+            })
+            .await
+            {
+                Ok(c) => (c.cri().clone(), Some(c)),
+                Err(e) => {
+                    eprintln!("skerry: no node agent: {e}");
+                    return None;
+                }
+            }
+        }
+    };
+    let stop = CancellationToken::new();
+    if let Some(c) = &containerd {
+        let api = images::k8s_api(&c.layout().socket);
+        let spool = c.layout().images_dir.clone();
+        if args.pod_infra_container_image == build::PAUSE_IMAGE {
+            match images::import_pause_image(&api, Path::new(CATATONIT), &spool).await {
+                Ok(_) => info!(image = build::PAUSE_IMAGE, "pause image imported"),
+                Err(e) => eprintln!(
+                    "skerry: the pause image cannot be built ({e}): install the Debian package catatonit"
+                ),
+            }
+        }
+        let (folder_stop_tx, folder_stop) = watch::channel(false);
+        let token = stop.clone();
+        tokio::spawn(async move {
+            token.cancelled().await;
+            let _ = folder_stop_tx.send(true);
+        });
+        tokio::spawn(images::watch::watch_folder(api, spool, folder_stop, None));
+    }
+
+    let node_name = match &args.hostname_override {
+        Some(n) => n.to_lowercase(),
+        None => hostname().to_lowercase(),
+    };
+    let root_dir = args
+        .root_dir
+        .clone()
+        .unwrap_or_else(|| data_dir.join(KUBELET_DIR));
+    let clients = node_client(&pki, api_url, &node_name)
+        .and_then(|node| Ok((node, admin_client(&pki, api_url)?)));
+    let (client, admin) = match clients {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("skerry: no node agent: {e:#}");
+            if let Some(c) = containerd {
+                c.stop().await;
+            }
+            return None;
+        }
+    };
+
+    // The Node in the API: registration, status and Lease (`skerry_node::nodestatus`), and
+    // the pod network written from the podCIDR the IPAM controller gives the node, into
+    // the conf dir the runtime reads.
+    if let Err(e) = std::fs::create_dir_all(&root_dir) {
+        eprintln!(
+            "skerry: no node agent: cannot create --root-dir {}: {e}",
+            root_dir.display()
+        );
+        if let Some(c) = containerd {
+            c.stop().await;
+        }
+        return None;
+    }
+    let mut status_config = NodeStatusConfig::new(&node_name, root_dir.clone());
+    status_config.node_ip = args.node_ip;
+    status_config.max_pods = args.max_pods;
+    status_config.node_labels = args.node_labels.clone();
+    status_config.register_with_taints = args.register_with_taints.0.clone();
+    status_config.reservations = match args.reservations() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("skerry: no node agent: {e}");
+            if let Some(c) = containerd {
+                c.stop().await;
+            }
+            return None;
+        }
+    };
+    let readiness = Readiness::new();
+    let mut cni_config = CniConfig::under(&root_dir);
+    cni_config.plugin_dir = cni_bin_dir();
+    if let Some(c) = &containerd {
+        cni_config.conf_dir = c.layout().cni_conf_dir.clone();
+    }
+    let runtime: Arc<dyn RuntimeInfo> = Arc::new(cri.clone());
+    let status =
+        match NodeStatusManager::new(client.clone(), status_config, runtime, readiness.clone()) {
+            Ok(m) => Arc::new(
+                m.with_pod_cidr_handler(cni::pod_cidr_handler(cni_config, readiness.clone())),
+            ),
+            Err(e) => {
+                eprintln!("skerry: no node agent: reading the machine: {e}");
+                if let Some(c) = containerd {
+                    c.stop().await;
+                }
+                return None;
+            }
+        };
+    readiness.set_runtime_up();
+
+    let node_ip = match args.node_ip {
+        Some(ip) => ip,
+        None => detect_node_ip(),
+    };
+    let memory = status
+        .capacity()
+        .get("memory")
+        .map_or(0, |q| q.0 / 1_000_000_000);
+    let config = KubeletConfig {
+        node_name: node_name.clone(),
+        root_dir,
+        node_ips: vec![node_ip.to_string()],
+        cluster_dns: args.cluster_dns.iter().map(IpAddr::to_string).collect(),
+        cluster_domain: args.cluster_domain.clone(),
+        cgroup_root: format!("{}/{KUBEPODS}", args.cgroup_root.trim_end_matches('/')),
+        memory_capacity: i64::try_from(memory).unwrap_or(i64::MAX),
+        allocatable: machine::to_api(status.allocatable()),
+        resolv_conf: PathBuf::from("/etc/resolv.conf"),
+        hosts_file: PathBuf::from("/etc/hosts"),
+    };
+    let token = stop.clone();
+    tokio::spawn(async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+        token.cancel();
+    });
+    let kubelet = Kubelet::new(config, cri, client.clone(), stop.clone());
+    let task_stop = stop.clone();
+    let task = tokio::spawn(async move {
+        tokio::select! {
+            () = bind_node_role(&admin, &node_name) => {}
+            () = task_stop.cancelled() => return,
+        }
+        tokio::spawn(status.run(task_stop.clone()));
+        info!(node = %node_name, ip = %node_ip, "node agent running");
+        kubelet.run().await;
+    });
+    Some(NodeAgent {
+        task,
+        stop,
+        containerd,
+    })
+}
+
+/// The kubelet's client: `system:node:<name>` in `system:nodes`.
+fn node_client(pki: &Pki, url: &str, node: &str) -> Result<Client> {
+    let user = format!("system:node:{node}");
+    let cert = pki
+        .issue_client_cert(&user, &["system:nodes"], LEAF_VALIDITY)
+        .with_context(|| format!("issue a client certificate for {user}"))?;
+    client(pki, url, &user, cert.cert_pem, cert.key_pem)
+}
+
+fn admin_client(pki: &Pki, url: &str) -> Result<Client> {
+    let admin = pki.admin();
+    client(
+        pki,
+        url,
+        ADMIN_USER,
+        admin.cert_pem.clone(),
+        admin.key_pem.clone(),
+    )
+}
+
+fn client(pki: &Pki, url: &str, user: &str, cert_pem: String, key_pem: String) -> Result<Client> {
+    let mut config = skerry_client::Config::new(url);
+    config.ca_pem = Some(pki.ca_cert_pem().to_string());
+    config.credentials = skerry_client::Credentials::ClientCert { cert_pem, key_pem };
+    config.user_agent = format!("skerry/{user}");
+    Ok(Client::new(config)?)
+}
+
+/// Binds the bootstrap `system:node` ClusterRole to this node's user alone
+/// (`skerry:node:<name>`), retried until the API takes it.
+///
+/// Upstream leaves the `system:node` binding empty and lets the Node authorizer grant each
+/// node what it needs; skerry has no Node authorizer yet (issue 18), so until it does, this
+/// binding is the narrowest grant that lets the kubelet work: one user, the node role's
+/// rules. Its price: this node can read every Secret and ConfigMap, which the Node
+/// authorizer will narrow to its pods' own.
+async fn bind_node_role(admin: &Client, node: &str) {
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("skerry:node:{node}"),
+                     "labels": {"kubernetes.io/bootstrapping": "skerry-node"}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": format!("system:node:{node}")}]
+    }))
+    .expect("a valid ClusterRoleBinding");
+    let api: Api<ClusterRoleBinding> = admin.api(None);
+    loop {
+        match api.create(&PostParams::default(), &binding).await {
+            Ok(_) => return,
+            Err(e) if e.is_already_exists() => return,
+            Err(e) => tracing::debug!(error = %e, "binding the node role; will retry"),
+        }
+        tokio::time::sleep(API_RETRY).await;
+    }
+}
+
+/// The host name (`/proc/sys/kernel/hostname`).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// The node's IP: the source address the kernel picks toward a documentation address (the
+/// default route's interface; a UDP connect sends nothing), else loopback.
+fn detect_node_ip() -> IpAddr {
+    let probe = || -> std::io::Result<IpAddr> {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        socket.connect("192.0.2.1:9")?;
+        Ok(socket.local_addr()?.ip())
+    };
+    probe().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+}

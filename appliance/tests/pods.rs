@@ -1,0 +1,536 @@
+//! Pods that really run: the real `skerry server` with its node agent (its own supervised
+//! containerd, runc, the pause image it builds), the real kubectl, a busybox image built by
+//! the test and imported with `skerry images import`.
+//!
+//! The pods use the host network: the pod network (CNI configured from the node's podCIDR)
+//! is another part of issue 18, and until it lands containerd reports `NetworkReady=false`
+//! and the kubelet refuses pod-network sandboxes with `NetworkNotReady`, as upstream does.
+//!
+//! Needs root, containerd, runc, catatonit and busybox-static: a failure under `CI=true`, a
+//! skip otherwise.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::free_port;
+use common::kube::{Kube, tail};
+use serde_json::Value;
+use skerry_node::containerd::find_on_path;
+use skerry_node::cri::{Cri, api};
+use skerry_node::images::build;
+
+const IMAGE: &str = "skerry.test/busybox:1";
+const NODE: &str = "pods-node";
+/// How long a pod gets to reach a state (image present; a loaded 2-core box running other
+/// builds).
+const POD_TIMEOUT: Duration = Duration::from_secs(90);
+
+fn missing_prerequisite() -> bool {
+    let ok = rustix::process::geteuid().is_root()
+        && ["containerd", "containerd-shim-runc-v2", "runc"]
+            .iter()
+            .all(|b| find_on_path(b).is_some())
+        && Path::new(build::BUSYBOX).exists()
+        && Path::new(build::CATATONIT).exists();
+    if !ok {
+        let why = "pod tests need root, containerd, runc, catatonit and busybox-static";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+        eprintln!("skipping: {why}");
+    }
+    !ok
+}
+
+/// A server with its node agent, stopped with SIGTERM (so it stops containerd) and its
+/// leftovers (shims, mounts) removed on drop.
+struct Node {
+    kube: Kube,
+    /// The test's own `--cgroup-root`: what is left in it is killed and removed on drop.
+    cgroup_root: String,
+}
+
+impl Node {
+    fn start() -> Node {
+        let cgroup_root = format!(
+            "/skerry-test-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        );
+        let kube = Kube::start_with_agent(
+            &["--hostname-override", NODE, "--cgroup-root", &cgroup_root],
+            &[],
+        );
+        Node { kube, cgroup_root }
+    }
+
+    fn data(&self) -> PathBuf {
+        self.kube.dir.path().join("data")
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.data().join("agent/run/containerd.sock")
+    }
+
+    fn pod(&self, name: &str) -> Value {
+        let out = self.kube.ok(&["get", "pod", name, "-o", "json"]);
+        serde_json::from_str(&out).expect("pod JSON")
+    }
+
+    /// Polls the pod until `ok` holds; returns it.
+    fn wait_pod(&self, name: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + POD_TIMEOUT;
+        loop {
+            let out = self
+                .kube
+                .kubectl_output(&["get", "pod", name, "-o", "json"], None);
+            if out.status.success() {
+                let pod: Value = serde_json::from_slice(&out.stdout).expect("pod JSON");
+                if ok(&pod) {
+                    return pod;
+                }
+                if Instant::now() > deadline {
+                    panic!(
+                        "pod {name} not {what} in {POD_TIMEOUT:?}: {}\n{}",
+                        serde_json::to_string_pretty(&pod["status"]).unwrap_or_default(),
+                        tail(&self.kube.log())
+                    );
+                }
+            } else if Instant::now() > deadline {
+                panic!("pod {name} not {what}\n{}", tail(&self.kube.log()));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn run(&self, name: &str, command: &[&str]) {
+        let mut args = vec![
+            "run",
+            name,
+            "--image",
+            IMAGE,
+            "--restart",
+            "Always",
+            "--overrides",
+            r#"{"spec":{"hostNetwork":true,"terminationGracePeriodSeconds":5}}"#,
+            "--command",
+            "--",
+        ];
+        args.extend(command);
+        self.kube.ok(&args);
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let pid = self.kube._child.0.id();
+        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.kube._child.0.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cleanup(&self.socket(), self.kube.dir.path(), &self.cgroup_root);
+    }
+}
+
+/// Kills the shims of this test's containerd and the processes left in the test's cgroups,
+/// removes those cgroups, and unmounts what the node mounted under the test's directory.
+fn cleanup(socket: &Path, dir: &Path, cgroup_root: &str) {
+    let socket = socket.display().to_string();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&cmdline);
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        let in_test_cgroup = cgroups.lines().any(|l| {
+            l.split(':')
+                .nth(2)
+                .is_some_and(|p| p.starts_with(&format!("{cgroup_root}/")))
+        });
+        if (text.contains(&socket) || in_test_cgroup)
+            && let Some(p) = rustix::process::Pid::from_raw(pid)
+        {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let prefix = dir.display().to_string();
+    let mut points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&prefix))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        let _ = rustix::mount::unmount(p, rustix::mount::UnmountFlags::DETACH);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let mut roots = vec![PathBuf::from("/sys/fs/cgroup").join(cgroup_root.trim_start_matches('/'))];
+    for entry in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        roots.push(entry.path().join(cgroup_root.trim_start_matches('/')));
+    }
+    for root in roots {
+        remove_cgroup_tree(&root);
+    }
+}
+
+fn remove_cgroup_tree(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup_tree(&entry.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+fn cri_containers(socket: &Path, uid: &str) -> Vec<api::Container> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let cri = Cri::new(&socket.display().to_string()).expect("endpoint");
+        cri.list_containers(Some(api::ContainerFilter {
+            label_selector: [("io.kubernetes.pod.uid".to_string(), uid.to_string())].into(),
+            ..Default::default()
+        }))
+        .await
+        .expect("ListContainers")
+    })
+}
+
+fn import_busybox(node: &Node) {
+    let archive = node.kube.dir.path().join("busybox.tar");
+    build::busybox_image(Path::new(build::BUSYBOX), IMAGE)
+        .expect("image")
+        .write_oci_archive(&archive)
+        .expect("write");
+    // containerd is up once the node registered.
+    let deadline = Instant::now() + POD_TIMEOUT;
+    while !node
+        .kube
+        .kubectl_output(&["get", "node", NODE], None)
+        .status
+        .success()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "node not registered\n{}",
+            tail(&node.kube.log())
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
+        .args(["images", "import", "--data-dir"])
+        .arg(node.data())
+        .arg(&archive)
+        .output()
+        .expect("skerry images import");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn running(p: &Value) -> bool {
+    p["status"]["phase"] == "Running" && p["status"]["podIP"].is_string()
+}
+
+fn ready(p: &Value) -> bool {
+    running(p)
+        && p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+fn log_file(node: &Node, pod: &Value, container: &str, restart: u32) -> PathBuf {
+    let m = &pod["metadata"];
+    node.data().join(format!(
+        "agent/kubelet/pods-logs/{}_{}_{}/{container}/{restart}.log",
+        m["namespace"].as_str().unwrap_or_default(),
+        m["name"].as_str().unwrap_or_default(),
+        m["uid"].as_str().unwrap_or_default()
+    ))
+}
+
+/// Waits until the log file has a line with `text`; returns the file.
+fn wait_log(path: &Path, text: &str) -> String {
+    let deadline = Instant::now() + POD_TIMEOUT;
+    loop {
+        let log = std::fs::read_to_string(path).unwrap_or_default();
+        if log.contains(text) {
+            return log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never had {text:?}: {log:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One CRI log line: `<RFC 3339 nanos> <stream> <P|F> <text>`.
+fn assert_cri_line(line: &str, stream: &str, text: &str) {
+    let mut parts = line.splitn(4, ' ');
+    let ts = parts.next().unwrap_or_default();
+    assert!(
+        ts.len() >= 20 && ts.contains('T') && ts.ends_with('Z'),
+        "timestamp of {line:?}"
+    );
+    assert_eq!(parts.next(), Some(stream), "{line:?}");
+    assert_eq!(parts.next(), Some("F"), "{line:?}");
+    assert_eq!(parts.next(), Some(text), "{line:?}");
+}
+
+#[test]
+fn pods_run_log_and_stop_for_real() {
+    if missing_prerequisite() {
+        return;
+    }
+    let node = Node::start();
+    import_busybox(&node);
+
+    // A pod that prints and sleeps: Running with the node's IP, its output in a CRI log file.
+    let created = Instant::now();
+    node.run(
+        "printer",
+        &["sh", "-c", "echo hello from skerry; exec sleep 3600"],
+    );
+    node.wait_pod("printer", "Running", running);
+    let to_running = created.elapsed();
+    let pod = node.wait_pod("printer", "Ready", ready);
+    eprintln!("pod creation to Running (kubectl run to phase Running seen): {to_running:?}");
+    assert_eq!(pod["spec"]["nodeName"], NODE);
+    assert_eq!(
+        pod["status"]["podIP"], pod["status"]["hostIP"],
+        "host network"
+    );
+    let cs = &pod["status"]["containerStatuses"][0];
+    assert!(
+        cs["containerID"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("containerd://"),
+        "{cs}"
+    );
+    assert!(cs["state"]["running"]["startedAt"].is_string(), "{cs}");
+    assert_eq!(cs["ready"], true);
+    assert_eq!(cs["restartCount"], 0);
+    assert_eq!(pod["status"]["qosClass"], "BestEffort");
+    assert!(pod["status"]["startTime"].is_string());
+    let log = wait_log(&log_file(&node, &pod, "printer", 0), "hello from skerry");
+    assert_cri_line(
+        log.lines().next().unwrap_or_default(),
+        "stdout",
+        "hello from skerry",
+    );
+
+    // busybox httpd serving the pod's managed /etc directory on a host port.
+    let port = free_port().to_string();
+    node.run(
+        "web",
+        &["busybox", "httpd", "-f", "-p", &port, "-h", "/etc"],
+    );
+    node.wait_pod("web", "Ready", ready);
+    let deadline = Instant::now() + POD_TIMEOUT;
+    let body = loop {
+        let out = Command::new("curl")
+            .args(["-sf", &format!("http://127.0.0.1:{port}/hosts")])
+            .output()
+            .expect("curl");
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(Instant::now() < deadline, "httpd never answered");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        body.starts_with("# Kubernetes-managed hosts file (host network)."),
+        "{body}"
+    );
+
+    // kubectl delete: the containers stop and leave CRI, the pod leaves the API.
+    let uid = pod["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!cri_containers(&node.socket(), &uid).is_empty());
+    let started = Instant::now();
+    node.kube.ok(&["delete", "pod", "printer", "--timeout=60s"]);
+    let took = started.elapsed();
+    eprintln!("kubectl delete pod: {took:?}");
+    // `sleep` as the container's PID 1 has no SIGTERM handler, so the signal from outside its
+    // PID namespace is ignored: the stop waits out the 5 s grace period, then SIGKILL.
+    assert!(
+        took >= Duration::from_secs(4),
+        "the grace period was not honoured: {took:?}"
+    );
+    let out = node.kube.kubectl_output(&["get", "pod", "printer"], None);
+    assert!(!out.status.success(), "the pod is gone");
+    let deadline = Instant::now() + POD_TIMEOUT;
+    while !cri_containers(&node.socket(), &uid).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "containers of the deleted pod stay in CRI"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // A Deployment of two replicas reaches 2/2 available.
+    let manifest = node.kube.ok(&[
+        "create",
+        "deployment",
+        "sleepers",
+        "--image",
+        IMAGE,
+        "--replicas",
+        "2",
+        "--dry-run=client",
+        "-o",
+        "json",
+        "--",
+        "sleep",
+        "3600",
+    ]);
+    let mut dep: Value = serde_json::from_str(&manifest).expect("deployment JSON");
+    dep["spec"]["template"]["spec"]["hostNetwork"] = Value::Bool(true);
+    dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 2.into();
+    node.kube
+        .ok_in(&["apply", "-f", "-"], Some(&dep.to_string()));
+    node.kube
+        .ok(&["rollout", "status", "deployment/sleepers", "--timeout=120s"]);
+    node.kube
+        .ok(&["delete", "deployment", "sleepers", "--timeout=60s"]);
+}
+
+#[test]
+fn init_containers_run_in_order_and_crashes_back_off() {
+    if missing_prerequisite() {
+        return;
+    }
+    let node = Node::start();
+    import_busybox(&node);
+
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ordered"},
+        "spec": {
+            "hostNetwork": true, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "work", "emptyDir": {}}],
+            "initContainers": [
+                {"name": "first", "image": IMAGE, "command": ["sh", "-c", "echo one >> /work/order"],
+                 "volumeMounts": [{"name": "work", "mountPath": "/work"}]},
+                {"name": "second", "image": IMAGE, "command": ["sh", "-c", "echo two >> /work/order"],
+                 "volumeMounts": [{"name": "work", "mountPath": "/work"}]}],
+            "containers": [{"name": "main", "image": IMAGE,
+                "command": ["sh", "-c", "tr '\\n' ' ' < /work/order; echo; exec sleep 3600"],
+                "volumeMounts": [{"name": "work", "mountPath": "/work"}]}]}});
+    node.kube
+        .ok_in(&["apply", "-f", "-"], Some(&pod.to_string()));
+    let pod = node.wait_pod("ordered", "Ready", ready);
+    for (i, name) in ["first", "second"].iter().enumerate() {
+        let s = &pod["status"]["initContainerStatuses"][i];
+        assert_eq!(s["name"], *name);
+        assert_eq!(s["state"]["terminated"]["exitCode"], 0, "{s}");
+        assert_eq!(s["state"]["terminated"]["reason"], "Completed", "{s}");
+    }
+    let first_done =
+        pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["finishedAt"].clone();
+    let second_start =
+        pod["status"]["initContainerStatuses"][1]["state"]["terminated"]["startedAt"].clone();
+    assert!(
+        first_done.as_str() <= second_start.as_str(),
+        "{first_done} then {second_start}"
+    );
+    let log = wait_log(&log_file(&node, &pod, "main", 0), "one two");
+    assert_cri_line(log.lines().next().unwrap_or_default(), "stdout", "one two ");
+
+    // A crashing container: restarted, then CrashLoopBackOff with growing delays.
+    node.run("crasher", &["sh", "-c", "echo boom; exit 3"]);
+    let mut seen: Vec<(i64, Instant)> = Vec::new();
+    let mut crash_loop_seen = false;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while seen.last().is_none_or(|(n, _)| *n < 3) {
+        assert!(
+            Instant::now() < deadline,
+            "restarts seen: {seen:?}\n{}",
+            tail(&node.kube.log())
+        );
+        let p = node.pod("crasher");
+        let cs = &p["status"]["containerStatuses"][0];
+        let n = cs["restartCount"].as_i64().unwrap_or(0);
+        if seen.last().is_none_or(|(last, _)| *last != n) {
+            seen.push((n, Instant::now()));
+        }
+        if cs["state"]["waiting"]["reason"] == "CrashLoopBackOff" {
+            crash_loop_seen = true;
+            assert_eq!(cs["lastState"]["terminated"]["exitCode"], 3, "{cs}");
+            assert!(
+                cs["state"]["waiting"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .starts_with("back-off "),
+                "{cs}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(crash_loop_seen, "CrashLoopBackOff never reported");
+    let at = |n: i64| {
+        seen.iter()
+            .find(|(c, _)| *c == n)
+            .map(|(_, t)| *t)
+            .expect("seen")
+    };
+    let gap2 = at(2) - at(1);
+    let gap3 = at(3) - at(2);
+    eprintln!("restart gaps: 1->2 {gap2:?}, 2->3 {gap3:?}");
+    assert!(
+        gap2 >= Duration::from_secs(9),
+        "second restart after the 10 s backoff: {gap2:?}"
+    );
+    assert!(
+        gap3 >= Duration::from_secs(19),
+        "third restart after the 20 s backoff: {gap3:?}"
+    );
+    assert!(gap3 > gap2, "delays grow");
+    let p = node.pod("crasher");
+    assert_eq!(
+        p["status"]["phase"], "Running",
+        "restartPolicy Always keeps the phase"
+    );
+}
+
+#[test]
+fn without_containerd_the_control_plane_serves_and_says_what_to_install() {
+    let kube = Kube::start_with_agent(&[], &[("PATH", "/nonexistent")]);
+    kube.ok(&["get", "--raw", "/readyz"]);
+    let log = kube.log();
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("skerry: no node agent:"))
+        .unwrap_or_else(|| panic!("no line about the node agent:\n{log}"));
+    if rustix::process::geteuid().is_root() {
+        assert!(
+            line.contains("install the Debian package(s) containerd runc"),
+            "{line}"
+        );
+    } else {
+        assert!(line.contains("needs root"), "{line}");
+    }
+}

@@ -1,0 +1,417 @@
+//! A container's CRI configuration (`kuberuntime_container.go` `generateContainerConfig`,
+//! `kuberuntime_container_linux.go` `generateLinuxContainerConfig`,
+//! `pkg/kubelet/qos/policy.go` `GetContainerOOMScoreAdjust`,
+//! `pkg/kubelet/cm/helpers_linux.go` `MilliCPUToShares` / `MilliCPUToQuota`): everything
+//! here is computed from the spec and facts handed in (environment, mounts, the image's
+//! id), so it is tested without a runtime.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use skerry_api::validation::quantity::Quantity;
+
+use super::runtime::{
+    ANNOTATION_HASH, ANNOTATION_PRE_STOP, ANNOTATION_RESTART_COUNT, ANNOTATION_TERMINATION_GRACE,
+    ANNOTATION_TERMINATION_MESSAGE_PATH, ANNOTATION_TERMINATION_MESSAGE_POLICY,
+    LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
+};
+use crate::cri::api;
+use crate::volume::ContainerMount;
+
+/// Fewest CPU shares a container gets (`MinShares`: the kernel's minimum).
+pub const MIN_SHARES: i64 = 2;
+/// Shares of one CPU (`SharesPerCPU`).
+pub const SHARES_PER_CPU: i64 = 1024;
+/// The CFS period the kubelet sets (`QuotaPeriod`, 100 ms in µs).
+pub const QUOTA_PERIOD: i64 = 100_000;
+/// The smallest CFS quota (`MinQuotaPeriod`, 1 ms in µs).
+pub const MIN_QUOTA: i64 = 1000;
+/// `oom_score_adj` of Guaranteed containers (`guaranteedOOMScoreAdj`).
+pub const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
+/// `oom_score_adj` of BestEffort containers (`besteffortOOMScoreAdj`).
+pub const BESTEFFORT_OOM_SCORE_ADJ: i64 = 1000;
+/// The default termination message path (`v1.TerminationMessagePathDefault`).
+pub const TERMINATION_MESSAGE_PATH_DEFAULT: &str = "/dev/termination-log";
+/// `terminationGracePeriodSeconds` when unset (`v1.DefaultTerminationGracePeriodSeconds`).
+pub const DEFAULT_GRACE_SECONDS: i64 = 30;
+
+fn quantity(c: &Container, bag: &str, resource: &str) -> Option<Quantity> {
+    let r = c.resources.as_ref()?;
+    let list = match bag {
+        "limits" => r.limits.as_ref(),
+        _ => r.requests.as_ref(),
+    }?;
+    Quantity::parse(list.get(resource)?.0.trim()).filter(|q| q.0 > 0)
+}
+
+/// Milli-units of a quantity, rounded up (as `resource.Quantity.MilliValue`).
+fn milli(q: Quantity) -> i64 {
+    let nano = q.0;
+    i64::try_from((nano + 999_999) / 1_000_000).unwrap_or(i64::MAX)
+}
+
+/// Whole units, rounded up (as `resource.Quantity.Value`).
+fn units(q: Quantity) -> i64 {
+    let nano = q.0;
+    i64::try_from((nano + 999_999_999) / 1_000_000_000).unwrap_or(i64::MAX)
+}
+
+/// `MilliCPUToShares`.
+pub fn milli_cpu_to_shares(milli_cpu: i64) -> i64 {
+    if milli_cpu == 0 {
+        return MIN_SHARES;
+    }
+    (milli_cpu * SHARES_PER_CPU / 1000).max(MIN_SHARES)
+}
+
+/// `MilliCPUToQuota` with the default period: 0 (no limit) for no CPU limit.
+pub fn milli_cpu_to_quota(milli_cpu: i64) -> i64 {
+    if milli_cpu == 0 {
+        return 0;
+    }
+    (milli_cpu * QUOTA_PERIOD / 1000).max(MIN_QUOTA)
+}
+
+/// `GetContainerOOMScoreAdjust`: -997 for Guaranteed, 1000 for BestEffort, else between 3
+/// and 999 by how much of the node's memory the container requests.
+pub fn oom_score_adj(qos: &str, c: &Container, memory_capacity: i64) -> i64 {
+    match qos {
+        "Guaranteed" => GUARANTEED_OOM_SCORE_ADJ,
+        "BestEffort" => BESTEFFORT_OOM_SCORE_ADJ,
+        _ => {
+            let request = quantity(c, "requests", "memory").map_or(0, units);
+            if memory_capacity <= 0 {
+                return BESTEFFORT_OOM_SCORE_ADJ - 1;
+            }
+            let adj = 1000 - (1000 * request as i128 / memory_capacity as i128) as i64;
+            if adj < 1000 + GUARANTEED_OOM_SCORE_ADJ {
+                1000 + GUARANTEED_OOM_SCORE_ADJ
+            } else if adj == BESTEFFORT_OOM_SCORE_ADJ {
+                adj - 1
+            } else {
+                adj
+            }
+        }
+    }
+}
+
+/// The Linux resources of a container (`calculateLinuxResources`): shares from the CPU
+/// request (the limit when only that is set), quota from the CPU limit, the memory limit.
+pub fn linux_resources(
+    qos: &str,
+    c: &Container,
+    memory_capacity: i64,
+) -> api::LinuxContainerResources {
+    let cpu_request = quantity(c, "requests", "cpu");
+    let cpu_limit = quantity(c, "limits", "cpu");
+    let shares = match (cpu_request, cpu_limit) {
+        (None, Some(limit)) => milli_cpu_to_shares(milli(limit)),
+        (request, _) => milli_cpu_to_shares(request.map_or(0, milli)),
+    };
+    let quota = cpu_limit.map_or(0, |l| milli_cpu_to_quota(milli(l)));
+    api::LinuxContainerResources {
+        cpu_shares: shares,
+        cpu_quota: quota,
+        cpu_period: if quota > 0 { QUOTA_PERIOD } else { 0 },
+        memory_limit_in_bytes: quantity(c, "limits", "memory").map_or(0, units),
+        oom_score_adj: oom_score_adj(qos, c, memory_capacity),
+        ..Default::default()
+    }
+}
+
+/// The container's security context as CRI takes it (pod-level values where the container
+/// sets none).
+pub fn security_context(pod: &Pod, c: &Container) -> api::LinuxContainerSecurityContext {
+    let psc = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.clone())
+        .unwrap_or_default();
+    let sc = c.security_context.clone().unwrap_or_default();
+    let privileged = sc.privileged.unwrap_or(false);
+    let caps = sc.capabilities.clone().unwrap_or_default();
+    let cap = |list: Option<Vec<String>>| -> Vec<String> {
+        list.unwrap_or_default()
+            .into_iter()
+            .map(|c| {
+                if c == "ALL" || c.starts_with("CAP_") {
+                    c
+                } else {
+                    format!("CAP_{c}")
+                }
+            })
+            .collect()
+    };
+    api::LinuxContainerSecurityContext {
+        capabilities: Some(api::Capability {
+            add_capabilities: cap(caps.add),
+            drop_capabilities: cap(caps.drop),
+            ..Default::default()
+        }),
+        privileged,
+        namespace_options: Some(super::sandbox::namespace_options(pod)),
+        run_as_user: sc
+            .run_as_user
+            .or(psc.run_as_user)
+            .map(|value| api::Int64Value { value }),
+        run_as_group: sc
+            .run_as_group
+            .or(psc.run_as_group)
+            .map(|value| api::Int64Value { value }),
+        readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
+        supplemental_groups: psc.supplemental_groups.clone().unwrap_or_default(),
+        // `allowPrivilegeEscalation: false` is `no_new_privs`; privileged never sets it.
+        no_new_privs: !privileged && sc.allow_privilege_escalation == Some(false),
+        seccomp: Some(api::SecurityProfile {
+            profile_type: api::security_profile::ProfileType::Unconfined as i32,
+            localhost_ref: String::new(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// What [`container_config`] needs besides the spec.
+#[derive(Clone, Debug)]
+pub struct ContainerInput<'a> {
+    /// The pod.
+    pub pod: &'a Pod,
+    /// The container.
+    pub container: &'a Container,
+    /// Its restart count (the CRI attempt).
+    pub restart_count: i32,
+    /// The image id to run.
+    pub image_ref: &'a str,
+    /// Command and args, expanded.
+    pub command: Vec<String>,
+    /// See `command`.
+    pub args: Vec<String>,
+    /// The environment.
+    pub env: Vec<(String, String)>,
+    /// Volume mounts, `/etc/hosts` and the termination-message file.
+    pub mounts: Vec<ContainerMount>,
+    /// The QoS class.
+    pub qos: &'a str,
+    /// The node's memory, bytes (for `oom_score_adj`).
+    pub memory_capacity: i64,
+    /// The spec hash.
+    pub hash: String,
+}
+
+/// The log path of a container, relative to the sandbox's log directory:
+/// `<container>/<restartCount>.log` (upstream `BuildContainerLogsPath`).
+pub fn log_path(name: &str, restart_count: i32) -> String {
+    format!("{name}/{restart_count}.log")
+}
+
+/// The container's configuration.
+pub fn container_config(input: &ContainerInput<'_>) -> api::ContainerConfig {
+    let c = input.container;
+    let m = &input.pod.metadata;
+    let labels = HashMap::from([
+        (
+            LABEL_POD_NAME.to_string(),
+            m.name.clone().unwrap_or_default(),
+        ),
+        (
+            LABEL_POD_NAMESPACE.to_string(),
+            m.namespace.clone().unwrap_or_default(),
+        ),
+        (LABEL_POD_UID.to_string(), m.uid.clone().unwrap_or_default()),
+        (LABEL_CONTAINER_NAME.to_string(), c.name.clone()),
+    ]);
+    let grace = input
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(DEFAULT_GRACE_SECONDS);
+    let mut annotations = HashMap::from([
+        (ANNOTATION_HASH.to_string(), input.hash.clone()),
+        (
+            ANNOTATION_RESTART_COUNT.to_string(),
+            input.restart_count.to_string(),
+        ),
+        (
+            ANNOTATION_TERMINATION_MESSAGE_PATH.to_string(),
+            c.termination_message_path
+                .clone()
+                .unwrap_or_else(|| TERMINATION_MESSAGE_PATH_DEFAULT.to_string()),
+        ),
+        (
+            ANNOTATION_TERMINATION_MESSAGE_POLICY.to_string(),
+            c.termination_message_policy
+                .clone()
+                .unwrap_or_else(|| "File".to_string()),
+        ),
+        (ANNOTATION_TERMINATION_GRACE.to_string(), grace.to_string()),
+    ]);
+    if let Some(pre_stop) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
+        annotations.insert(
+            ANNOTATION_PRE_STOP.to_string(),
+            serde_json::to_string(pre_stop).expect("a handler serializes"),
+        );
+    }
+    api::ContainerConfig {
+        metadata: Some(api::ContainerMetadata {
+            name: c.name.clone(),
+            attempt: u32::try_from(input.restart_count).unwrap_or(0),
+        }),
+        image: Some(api::ImageSpec {
+            image: input.image_ref.to_string(),
+            user_specified_image: c.image.clone().unwrap_or_default(),
+            ..Default::default()
+        }),
+        command: input.command.clone(),
+        args: input.args.clone(),
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        envs: input
+            .env
+            .iter()
+            .map(|(key, value)| api::KeyValue {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        mounts: input
+            .mounts
+            .iter()
+            .map(|m| api::Mount {
+                container_path: m.container_path.clone(),
+                host_path: m.host_path.display().to_string(),
+                readonly: m.read_only,
+                ..Default::default()
+            })
+            .collect(),
+        labels,
+        annotations,
+        log_path: log_path(&c.name, input.restart_count),
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
+        linux: Some(api::LinuxContainerConfig {
+            resources: Some(linux_resources(input.qos, c, input.memory_capacity)),
+            security_context: Some(security_context(input.pod, c)),
+        }),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(v: serde_json::Value) -> Container {
+        serde_json::from_value(v).expect("container")
+    }
+
+    #[test]
+    fn cpu_and_memory_as_upstream_converts_them() {
+        assert_eq!(milli_cpu_to_shares(0), 2);
+        assert_eq!(milli_cpu_to_shares(1), 2);
+        assert_eq!(milli_cpu_to_shares(250), 256);
+        assert_eq!(milli_cpu_to_shares(2000), 2048);
+        assert_eq!(milli_cpu_to_quota(0), 0);
+        assert_eq!(milli_cpu_to_quota(5), 1000, "at least 1 ms");
+        assert_eq!(milli_cpu_to_quota(500), 50_000);
+        let c = container(serde_json::json!({"name": "a",
+            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
+                          "limits": {"cpu": "1500m", "memory": "128Mi"}}}));
+        let r = linux_resources("Burstable", &c, 1 << 30);
+        assert_eq!(r.cpu_shares, 102);
+        assert_eq!(r.cpu_quota, 150_000);
+        assert_eq!(r.cpu_period, 100_000);
+        assert_eq!(r.memory_limit_in_bytes, 128 << 20);
+        // 64 MiB of 1 GiB: 1000 - 62 = 938.
+        assert_eq!(r.oom_score_adj, 938);
+        let only_limit =
+            container(serde_json::json!({"name": "a", "resources": {"limits": {"cpu": "1"}}}));
+        assert_eq!(
+            linux_resources("Burstable", &only_limit, 1 << 30).cpu_shares,
+            1024
+        );
+        let none = container(serde_json::json!({"name": "a"}));
+        let r = linux_resources("BestEffort", &none, 1 << 30);
+        assert_eq!(
+            (
+                r.cpu_shares,
+                r.cpu_quota,
+                r.memory_limit_in_bytes,
+                r.oom_score_adj
+            ),
+            (2, 0, 0, 1000)
+        );
+    }
+
+    #[test]
+    fn oom_score_adj_stays_between_guaranteed_and_besteffort() {
+        let big = container(
+            serde_json::json!({"name": "a", "resources": {"requests": {"memory": "1Gi"}}}),
+        );
+        assert_eq!(oom_score_adj("Burstable", &big, 1 << 30), 3);
+        let tiny =
+            container(serde_json::json!({"name": "a", "resources": {"requests": {"memory": "1"}}}));
+        assert_eq!(oom_score_adj("Burstable", &tiny, 1 << 30), 999);
+        assert_eq!(oom_score_adj("Guaranteed", &tiny, 1 << 30), -997);
+    }
+
+    #[test]
+    fn config_carries_labels_annotations_log_path_and_security() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {"terminationGracePeriodSeconds": 5, "securityContext": {"runAsUser": 1000},
+                "containers": [{"name": "app", "image": "busybox",
+                    "lifecycle": {"preStop": {"exec": {"command": ["sleep", "1"]}}},
+                    "securityContext": {"capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]},
+                        "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true}}]}}))
+        .expect("pod");
+        let c = &pod.spec.as_ref().expect("spec").containers[0];
+        let config = container_config(&ContainerInput {
+            pod: &pod,
+            container: c,
+            restart_count: 3,
+            image_ref: "sha256:abc",
+            command: vec!["sh".into()],
+            args: vec![],
+            env: vec![("A".into(), "1".into())],
+            mounts: vec![],
+            qos: "BestEffort",
+            memory_capacity: 1 << 30,
+            hash: "h".into(),
+        });
+        assert_eq!(config.log_path, "app/3.log");
+        assert_eq!(config.metadata.as_ref().map(|m| m.attempt), Some(3));
+        assert_eq!(config.labels["io.kubernetes.container.name"], "app");
+        assert_eq!(config.labels["io.kubernetes.pod.uid"], "u");
+        assert_eq!(
+            config.annotations["io.kubernetes.container.restartCount"],
+            "3"
+        );
+        assert_eq!(
+            config.annotations["io.kubernetes.pod.terminationGracePeriod"],
+            "5"
+        );
+        assert_eq!(
+            config.annotations["io.kubernetes.container.terminationMessagePath"],
+            "/dev/termination-log"
+        );
+        assert!(config.annotations["io.kubernetes.container.preStopHandler"].contains("sleep"));
+        let image = config.image.expect("image");
+        assert_eq!(
+            (image.image.as_str(), image.user_specified_image.as_str()),
+            ("sha256:abc", "busybox")
+        );
+        let sc = config.linux.and_then(|l| l.security_context).expect("sc");
+        assert_eq!(sc.run_as_user.map(|u| u.value), Some(1000));
+        assert!(sc.readonly_rootfs && sc.no_new_privs && !sc.privileged);
+        let ns = sc.namespace_options.expect("namespaces");
+        assert_eq!(
+            ns.pid,
+            api::NamespaceMode::Container as i32,
+            "its own PID namespace"
+        );
+        assert_eq!(ns.network, api::NamespaceMode::Pod as i32);
+        let caps = sc.capabilities.expect("caps");
+        assert_eq!(caps.add_capabilities, ["CAP_NET_ADMIN"]);
+        assert_eq!(caps.drop_capabilities, ["ALL"]);
+    }
+}

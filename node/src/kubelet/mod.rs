@@ -1,0 +1,297 @@
+//! The kubelet's core: pods bound to this node run for real (upstream `pkg/kubelet`).
+//!
+//! The path of a pod:
+//! 1. the pod source: a shared informer over the pods with `spec.nodeName=<node>`
+//!    ([`NodePods`]) hands every add, update and delete to [`PodWorkers`];
+//! 2. the pod's worker ([`pod_workers`]) syncs it on its latest spec: [`actions`] says what
+//!    the runtime must do, [`Kubelet::sync_pod`] ([`sync`]) does it over CRI with the
+//!    sandbox ([`sandbox`]) and container ([`container`]) configurations, the environment
+//!    (`crate::env`) and the volumes (`crate::volume`), with the restart and pull
+//!    [`backoff`];
+//! 3. the [`pleg`] relists the runtime every second and wakes the worker of any pod whose
+//!    containers changed;
+//! 4. after every sync the pod's status ([`status`]) goes to the API through the
+//!    [`status_manager`], only when it changed;
+//! 5. a deleted pod is stopped (preStop, then its grace period), its sandbox and volumes
+//!    removed, and it is deleted from the API with grace 0 and its UID as precondition.
+//!
+//! The trick it carries: the runtime is the only record. Every sandbox and container carries
+//! the pod's UID as a label and the kubelet's facts (restart count, spec hash, grace period,
+//! preStop) as annotations, so a restarted kubelet rebuilds everything from one CRI list
+//! and nothing is kept on disk about pods.
+
+pub mod actions;
+pub mod backoff;
+pub mod container;
+pub mod pleg;
+pub mod pod_workers;
+pub mod runtime;
+pub mod sandbox;
+pub mod status;
+pub mod status_manager;
+pub mod sync;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use skerry_client::events::EventRecorder;
+use skerry_client::informer::{Deleted, EventHandler, SharedInformer};
+use skerry_client::reflector::ListerWatcher;
+use skerry_client::{Api, Client, Error, ListParams, ObjectList, WatchParams, WatchStream};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::cri::Cri;
+use crate::env::ApiLookup;
+use crate::env::fieldpath::Allocatable;
+use crate::volume::VolumeManager;
+use crate::volume::token::ApiTokenSource;
+
+pub use pod_workers::{PodUpdate, PodWorkers};
+
+/// How soon a sync that failed (the runtime or the API unreachable) is tried again.
+pub const SYNC_ERROR_RETRY: Duration = Duration::from_secs(2);
+
+/// How often the kubelet looks for runtime pods no API pod owns (upstream's housekeeping,
+/// `housekeepingPeriod = 2s`): sandboxes left by a pod deleted while the kubelet was down.
+pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
+
+/// The name the kubelet records events under (`source.component`).
+pub const COMPONENT: &str = "kubelet";
+
+/// The root of the container log directories under `--root-dir` (upstream's
+/// `/var/log/pods`, kept under the data dir here).
+pub const POD_LOGS_DIR: &str = "pods-logs";
+
+/// The node facts and flags the kubelet runs with.
+#[derive(Clone, Debug)]
+pub struct KubeletConfig {
+    /// The node's name (`--hostname-override`).
+    pub node_name: String,
+    /// `--root-dir`.
+    pub root_dir: PathBuf,
+    /// The node's IPs, the primary first (`--node-ip`).
+    pub node_ips: Vec<String>,
+    /// `--cluster-dns`.
+    pub cluster_dns: Vec<String>,
+    /// `--cluster-domain`.
+    pub cluster_domain: String,
+    /// The cgroup pods go under (`/kubepods`).
+    pub cgroup_root: String,
+    /// The node's memory in bytes (for `oom_score_adj`).
+    pub memory_capacity: i64,
+    /// The node's allocatable resources (downward API limits of unlimited containers).
+    pub allocatable: Allocatable,
+    /// The node's resolver configuration file.
+    pub resolv_conf: PathBuf,
+    /// The node's hosts file (copied into host-network pods).
+    pub hosts_file: PathBuf,
+}
+
+/// The kubelet: shared by every pod worker.
+pub struct Kubelet {
+    config: KubeletConfig,
+    cri: Cri,
+    client: Client,
+    lookup: ApiLookup,
+    volumes: VolumeManager<ApiLookup, ApiTokenSource>,
+    events: EventRecorder,
+    statuses: status_manager::StatusManager,
+    backoff: Mutex<backoff::Backoff>,
+    reasons: Mutex<HashMap<String, HashMap<String, status::Reason>>>,
+    sandbox_env: sandbox::SandboxEnv,
+    workers: PodWorkers,
+    stop: CancellationToken,
+}
+
+/// The pods bound to one node: a LIST and WATCH with `fieldSelector=spec.nodeName=<node>`
+/// (the kubelet's `NewSourceApiserver`).
+pub struct NodePods {
+    api: Api<Pod>,
+    selector: String,
+}
+
+impl NodePods {
+    /// The pods of every namespace bound to `node`.
+    pub fn new(client: &Client, node: &str) -> NodePods {
+        NodePods {
+            api: client.api(None),
+            selector: format!("spec.nodeName={node}"),
+        }
+    }
+}
+
+impl ListerWatcher<Pod> for NodePods {
+    fn list(
+        &self,
+        params: &ListParams,
+    ) -> impl Future<Output = Result<ObjectList<Pod>, Error>> + Send {
+        let mut params = params.clone();
+        params.field_selector = Some(self.selector.clone());
+        let api = self.api.clone();
+        async move { api.list(&params).await }
+    }
+    fn watch(
+        &self,
+        params: &WatchParams,
+    ) -> impl Future<Output = Result<WatchStream<Pod>, Error>> + Send {
+        let mut params = params.clone();
+        params.field_selector = Some(self.selector.clone());
+        let api = self.api.clone();
+        async move { api.watch(&params).await }
+    }
+}
+
+struct Source {
+    kubelet: Arc<Kubelet>,
+    rt: tokio::runtime::Handle,
+}
+
+impl EventHandler<Pod> for Source {
+    fn on_add(&self, pod: &Arc<Pod>, _: bool) {
+        self.kubelet
+            .workers
+            .update(&self.kubelet, PodUpdate::Pod(pod.clone()), &self.rt);
+    }
+    fn on_update(&self, _: &Arc<Pod>, pod: &Arc<Pod>) {
+        self.kubelet
+            .workers
+            .update(&self.kubelet, PodUpdate::Pod(pod.clone()), &self.rt);
+    }
+    fn on_delete(&self, pod: &Deleted<Pod>) {
+        self.kubelet.workers.update(
+            &self.kubelet,
+            PodUpdate::Removed(pod.object().clone()),
+            &self.rt,
+        );
+    }
+}
+
+impl Kubelet {
+    /// A kubelet over `cri`, reaching the API as `client` (the node's credentials).
+    pub fn new(
+        config: KubeletConfig,
+        cri: Cri,
+        client: Client,
+        stop: CancellationToken,
+    ) -> Arc<Kubelet> {
+        let lookup = ApiLookup::new(client.clone());
+        let tokens = crate::volume::token::TokenManager::new(
+            ApiTokenSource::new(client.clone()),
+            Arc::new(crate::volume::token::SystemClock),
+        );
+        let volumes = VolumeManager::new(
+            crate::volume::VolumeConfig {
+                root_dir: config.root_dir.clone(),
+                node_allocatable: config.allocatable.clone(),
+            },
+            lookup.clone(),
+            tokens,
+        );
+        let mut options = skerry_client::events::RecorderOptions::new(COMPONENT);
+        options.host = Some(config.node_name.clone());
+        let (events, writer) = EventRecorder::with_options(client.clone(), options);
+        tokio::spawn(writer.run());
+        let host_dns = std::fs::read_to_string(&config.resolv_conf)
+            .map(|t| sandbox::parse_resolv_conf(&t))
+            .unwrap_or_default();
+        let sandbox_env = sandbox::SandboxEnv {
+            cluster_dns: config.cluster_dns.clone(),
+            cluster_domain: config.cluster_domain.clone(),
+            host_dns,
+            logs_root: config.root_dir.join(POD_LOGS_DIR),
+            cgroup_root: config.cgroup_root.clone(),
+        };
+        Arc::new(Kubelet {
+            statuses: status_manager::StatusManager::new(client.clone()),
+            config,
+            cri,
+            client,
+            lookup,
+            volumes,
+            events,
+            backoff: Mutex::new(backoff::Backoff::new()),
+            reasons: Mutex::new(HashMap::new()),
+            sandbox_env,
+            workers: PodWorkers::new(),
+            stop,
+        })
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &KubeletConfig {
+        &self.config
+    }
+
+    /// The pod workers (for tests and metrics).
+    pub fn workers(&self) -> &PodWorkers {
+        &self.workers
+    }
+
+    /// Runs the kubelet until its stop token is cancelled: the pod source, the PLEG and
+    /// housekeeping. Returns when they have stopped (containers keep running, as when the
+    /// upstream kubelet stops).
+    pub async fn run(self: Arc<Self>) {
+        let stop = self.stop.clone();
+        let informer =
+            SharedInformer::new(NodePods::new(&self.client, &self.config.node_name), None);
+        informer.add_handler(Source {
+            kubelet: self.clone(),
+            rt: tokio::runtime::Handle::current(),
+        });
+        informer.run(stop.clone());
+        if !informer.wait_for_sync(&stop).await {
+            return;
+        }
+        info!(node = %self.config.node_name, "kubelet: pod source synced");
+        let workers = self.workers.clone();
+        let pleg = tokio::spawn(pleg::run(
+            self.cri.clone(),
+            move |uid| workers.wake(uid),
+            stop.clone(),
+        ));
+        let store = informer.store();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(HOUSEKEEPING_PERIOD) => {}
+                () = stop.cancelled() => break,
+            }
+            self.housekeeping(&store).await;
+        }
+        let _ = pleg.await;
+        self.events.flush().await;
+    }
+
+    /// Removes runtime pods that no API pod and no worker owns.
+    async fn housekeeping(&self, store: &skerry_client::cache::Indexer<Pod>) {
+        let known: std::collections::HashSet<String> = store
+            .list()
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        let sandboxes = match self.cri.list_pod_sandbox(None).await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "housekeeping: listing sandboxes failed");
+                return;
+            }
+        };
+        for s in sandboxes {
+            let Some(uid) = s.labels.get(runtime::LABEL_POD_UID) else {
+                continue;
+            };
+            if known.contains(uid) || self.workers.has(uid) {
+                continue;
+            }
+            info!(%uid, sandbox = %s.id, "removing a sandbox no pod owns");
+            let _ = self.cri.stop_pod_sandbox(&s.id).await;
+            if let Err(e) = self.cri.remove_pod_sandbox(&s.id).await {
+                warn!(%uid, error = %e, "removing an orphaned sandbox failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! One worker per pod UID (upstream `pkg/kubelet/pod_workers.go`): the pod source and the
+//! PLEG hand updates and wake-ups to [`PodWorkers`], and each pod's worker task works through
+//! them one at a time, on the latest spec only: updates that arrive while it syncs replace
+//! each other in a `watch` channel, so a burst of ten updates costs one sync, not ten.
+//!
+//! A worker moves through upstream's states: **syncing** (the pod runs: [`super::Kubelet::sync_pod`]),
+//! **terminating** (deleted, or done: containers stopped with their grace period) and
+//! **terminated** (nothing runs; the final status stays; once the API deletion is confirmed
+//! the runtime's leftovers and the volumes go and the worker ends).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::Kubelet;
+
+/// What a worker is told.
+#[derive(Clone, Debug)]
+pub enum PodUpdate {
+    /// The pod as the API has it now.
+    Pod(Arc<Pod>),
+    /// The pod is gone from the API (its last state).
+    Removed(Arc<Pod>),
+}
+
+impl PodUpdate {
+    fn pod(&self) -> &Arc<Pod> {
+        match self {
+            PodUpdate::Pod(p) | PodUpdate::Removed(p) => p,
+        }
+    }
+}
+
+/// Where a worker is in the pod's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerState {
+    /// Running the pod.
+    Syncing,
+    /// Stopped; the pod waits for its deletion from the API.
+    Terminated,
+}
+
+/// What a sync asks of the worker next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncResult {
+    /// Sync again after this long (or sooner, when woken).
+    Again(Duration),
+    /// The pod is done: stop it and keep its final status.
+    Terminal,
+}
+
+struct Handle {
+    updates: watch::Sender<PodUpdate>,
+    wake: Arc<Notify>,
+}
+
+/// The workers, by pod UID.
+#[derive(Clone, Default)]
+pub struct PodWorkers {
+    workers: Arc<Mutex<HashMap<String, Handle>>>,
+}
+
+/// How long a worker waits between syncs when nothing wakes it (upstream's resync,
+/// `--sync-frequency`, is 1 minute; a shorter one here notices a lost sandbox sooner, and a
+/// sync of a healthy pod is two CRI lists).
+pub const RESYNC: Duration = Duration::from_secs(10);
+
+impl PodWorkers {
+    /// No workers.
+    pub fn new() -> PodWorkers {
+        PodWorkers::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Handle>> {
+        self.workers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands `update` to the pod's worker, starting one if there is none (a removal of a pod
+    /// with no worker starts one too, to clean up what the runtime may hold).
+    pub fn update(&self, kubelet: &Arc<Kubelet>, update: PodUpdate, rt: &tokio::runtime::Handle) {
+        let uid = update.pod().metadata.uid.clone().unwrap_or_default();
+        if uid.is_empty() {
+            return;
+        }
+        let mut workers = self.lock();
+        if let Some(h) = workers.get(&uid) {
+            let _ = h.updates.send(update);
+            return;
+        }
+        let (tx, rx) = watch::channel(update);
+        let wake = Arc::new(Notify::new());
+        workers.insert(
+            uid.clone(),
+            Handle {
+                updates: tx,
+                wake: wake.clone(),
+            },
+        );
+        let this = self.clone();
+        let kubelet = kubelet.clone();
+        rt.spawn(async move {
+            let stop = kubelet.stop.clone();
+            work(&kubelet, &uid, rx, wake, stop).await;
+            this.lock().remove(&uid);
+            debug!(%uid, "pod worker ended");
+        });
+    }
+
+    /// Wakes the worker of `uid` (the PLEG saw a change), if there is one.
+    pub fn wake(&self, uid: &str) {
+        if let Some(h) = self.lock().get(uid) {
+            h.wake.notify_one();
+        }
+    }
+
+    /// Whether a worker runs for `uid`.
+    pub fn has(&self, uid: &str) -> bool {
+        self.lock().contains_key(uid)
+    }
+
+    /// How many workers run.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none runs.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+}
+
+/// A worker's loop.
+async fn work(
+    kubelet: &Arc<Kubelet>,
+    uid: &str,
+    mut updates: watch::Receiver<PodUpdate>,
+    wake: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    let mut state = WorkerState::Syncing;
+    let mut delete_sent = false;
+    loop {
+        let update = updates.borrow_and_update().clone();
+        let mut next = RESYNC;
+        match (&update, state) {
+            (PodUpdate::Removed(pod), _) => {
+                // Gone from the API (deleted by us after termination, or forced): stop what
+                // still runs and clean up.
+                if state == WorkerState::Syncing {
+                    kubelet.kill_pod(pod, Some(kubelet.grace_period(pod))).await;
+                }
+                kubelet.clean_up(pod).await;
+                return;
+            }
+            (PodUpdate::Pod(pod), WorkerState::Syncing)
+                if pod.metadata.deletion_timestamp.is_some() =>
+            {
+                let grace = kubelet.grace_period(pod);
+                kubelet.kill_pod(pod, Some(grace)).await;
+                kubelet.write_final_status(pod).await;
+                state = WorkerState::Terminated;
+                delete_sent = kubelet.delete_from_api(pod).await;
+            }
+            (PodUpdate::Pod(pod), WorkerState::Syncing) => match kubelet.sync_pod(pod).await {
+                Ok(SyncResult::Again(after)) => next = after,
+                Ok(SyncResult::Terminal) => {
+                    kubelet.kill_pod(pod, Some(kubelet.grace_period(pod))).await;
+                    kubelet.write_final_status(pod).await;
+                    kubelet.release_volumes(pod).await;
+                    state = WorkerState::Terminated;
+                }
+                Err(e) => {
+                    warn!(pod = %pod_name(pod), %uid, error = %e, "sync failed; retrying");
+                    next = super::SYNC_ERROR_RETRY;
+                }
+            },
+            (PodUpdate::Pod(pod), WorkerState::Terminated) => {
+                if pod.metadata.deletion_timestamp.is_some() && !delete_sent {
+                    delete_sent = kubelet.delete_from_api(pod).await;
+                }
+                next = if delete_sent {
+                    RESYNC
+                } else {
+                    super::SYNC_ERROR_RETRY
+                };
+            }
+        }
+        tokio::select! {
+            changed = updates.changed() => if changed.is_err() { return },
+            () = wake.notified() => {}
+            () = tokio::time::sleep(next) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+/// `namespace/name` for logs.
+pub fn pod_name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
