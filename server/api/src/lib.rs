@@ -17,6 +17,7 @@
 
 pub mod catalogue;
 pub mod defaults;
+pub mod goquote;
 pub mod kinds;
 pub mod meta;
 pub mod patch;

@@ -81,7 +81,9 @@ use crate::alarm::Alarms;
 use crate::error::StoreError;
 use crate::lease::Lessor;
 use crate::mvcc::{self, KV, Mvcc};
-use crate::pb::etcdserverpb::{AlarmMember, RangeRequest, RangeResponse, ResponseHeader};
+use crate::pb::etcdserverpb::{
+    AlarmMember, AlarmType, RangeRequest, RangeResponse, ResponseHeader,
+};
 use crate::pb::mvccpb::Event;
 use crate::quota;
 use crate::read::{hash_kv, read_history};
@@ -195,6 +197,16 @@ struct Shared {
 }
 
 impl Shared {
+    /// Whether this member's `NOSPACE` alarm is active: raising it again would change
+    /// nothing, so nothing is proposed.
+    fn nospace_raised_here(&self) -> bool {
+        self.alarms
+            .read()
+            .list(AlarmType::Nospace as i32)
+            .iter()
+            .any(|a| a.member_id == self.member_id)
+    }
+
     fn wake_syncer(&self) {
         let (flag, condvar) = &self.sync_wakeup;
         *flag.lock() = true;

@@ -596,15 +596,7 @@ impl Writer {
         let Some(replicator) = self.shared.replicator.get() else {
             return;
         };
-        let member = self.shared.member_id;
-        let active = self
-            .shared
-            .alarms
-            .read()
-            .list(AlarmType::Nospace as i32)
-            .iter()
-            .any(|a| a.member_id == member);
-        if active {
+        if self.shared.nospace_raised_here() {
             return;
         }
         warn!(
@@ -617,7 +609,7 @@ impl Writer {
             Command {
                 command: Some(Cmd::Alarm(AlarmRequest {
                     action: AlarmAction::Activate as i32,
-                    member_id: member,
+                    member_id: self.shared.member_id,
                     alarm: AlarmType::Nospace as i32,
                 })),
             },

@@ -219,15 +219,7 @@ impl Store {
     /// is only logged, as etcd ignores it (the next refused write tries again). Nothing is
     /// proposed when this member's alarm is active already: applying it would change nothing.
     async fn raise_nospace(&self) {
-        let member = self.shared.member_id;
-        let active = self
-            .shared
-            .alarms
-            .read()
-            .list(AlarmType::Nospace as i32)
-            .iter()
-            .any(|a| a.member_id == member);
-        if active {
+        if self.shared.nospace_raised_here() {
             return;
         }
         warn!(
@@ -237,7 +229,7 @@ impl Store {
         );
         let request = AlarmRequest {
             action: AlarmAction::Activate as i32,
-            member_id: member,
+            member_id: self.shared.member_id,
             alarm: AlarmType::Nospace as i32,
         };
         if let Err(e) = self.propose(Cmd::Alarm(request), false).await {

@@ -367,29 +367,7 @@ pub(crate) fn aggregate(mut errors: Vec<String>) -> String {
     }
 }
 
-/// A string as Go's `%q` prints it (`strconv.Quote`): double quotes, backslash escapes for
-/// quotes, backslashes and control characters.
-pub(crate) fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{b}' => out.push_str("\\v"),
-            c if c < ' ' || c == '\u{7f}' => out.push_str(&format!("\\x{:02x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
+pub(crate) use crate::goquote::go_quote;
 
 /// A `[]string` as Go's `%#v` prints it: `[]string(nil)`, `[]string{}`, `[]string{"a", "b"}`.
 pub(crate) fn go_string_slice(values: Option<&[String]>) -> String {
