@@ -1,4 +1,5 @@
-//! Compiles the CRI v1 proto and the few containerd services skerry calls with `protox` (pure
+//! Compiles the CRI v1 proto, the few containerd services skerry calls and the gRPC health
+//! protocol (gRPC probes) with `protox` (pure
 //! Rust, so a machine without `protoc` builds) into prost messages and tonic clients.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -9,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/containerd/images.proto",
         "proto/containerd/leases.proto",
         "proto/containerd/version.proto",
+        "proto/grpc/health/v1/health.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");

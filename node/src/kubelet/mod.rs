@@ -11,7 +11,9 @@
 //! 3. the [`pleg`] relists the runtime every second and wakes the worker of any pod whose
 //!    containers changed;
 //! 4. after every sync the pod's status ([`status`]) goes to the API through the
-//!    [`status_manager`], only when it changed;
+//!    [`status_manager`], only when it changed; the [`prober`] runs the containers' probes
+//!    and wakes the worker when a result changes (readiness into the status, a liveness
+//!    failure into a restart);
 //! 5. a deleted pod is stopped (preStop, then its grace period), its sandbox and volumes
 //!    removed, and it is deleted from the API with grace 0 and its UID as precondition.
 //!
@@ -25,6 +27,7 @@ pub mod backoff;
 pub mod container;
 pub mod pleg;
 pub mod pod_workers;
+pub mod prober;
 pub mod runtime;
 pub mod sandbox;
 pub mod status;
@@ -105,6 +108,7 @@ pub struct Kubelet {
     reasons: Mutex<HashMap<String, HashMap<String, status::Reason>>>,
     sandbox_env: sandbox::SandboxEnv,
     workers: PodWorkers,
+    probes: prober::ProbeManager,
     stop: CancellationToken,
 }
 
@@ -206,6 +210,11 @@ impl Kubelet {
             logs_root: config.root_dir.join(POD_LOGS_DIR),
             cgroup_root: config.cgroup_root.clone(),
         };
+        let workers = PodWorkers::new();
+        let probes = {
+            let workers = workers.clone();
+            prober::ProbeManager::new(cri.clone(), events.clone(), move |uid| workers.wake(uid))
+        };
         Arc::new(Kubelet {
             statuses: status_manager::StatusManager::new(client.clone()),
             config,
@@ -217,7 +226,8 @@ impl Kubelet {
             backoff: Mutex::new(backoff::Backoff::new()),
             reasons: Mutex::new(HashMap::new()),
             sandbox_env,
-            workers: PodWorkers::new(),
+            workers,
+            probes,
             stop,
         })
     }

@@ -59,9 +59,21 @@ pub struct Reason {
     pub message: String,
 }
 
+/// What the probes say of a running container instance (`prober_manager.go`
+/// `UpdatePodStatus`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probed {
+    /// Started, and its readiness probe (if any) passed.
+    pub ready: bool,
+    /// No startup probe, or it passed.
+    pub started: bool,
+}
+
 /// The facts [`generate`] needs besides the pod and the runtime.
 #[derive(Clone, Debug, Default)]
 pub struct StatusInput {
+    /// The probes' view of running instances, by container id (absent: none known yet).
+    pub probed: HashMap<String, Probed>,
     /// The node's IPs, the primary first.
     pub host_ips: Vec<String>,
     /// Waiting reasons by container name.
@@ -161,11 +173,14 @@ fn container_status(
             }),
             ..Default::default()
         });
-        // Without probes: ready and started once running (upstream: ready when no readiness
-        // probe; started when no startup probe). A readiness probe is not run yet, so such a
-        // container is honestly reported not ready.
-        status.ready = spec.readiness_probe.is_none();
-        status.started = Some(spec.startup_probe.is_none());
+        // As the probes say; before they said anything: ready when it has neither a
+        // readiness nor a startup probe, started when it has no startup probe.
+        let probed = input.probed.get(&latest.id).copied().unwrap_or(Probed {
+            ready: spec.readiness_probe.is_none() && spec.startup_probe.is_none(),
+            started: spec.startup_probe.is_none(),
+        });
+        status.ready = probed.ready;
+        status.started = Some(probed.started);
     } else if latest.exited() || latest.running() {
         let t = terminated(latest, input);
         match reason.filter(|_| !input.terminal) {
