@@ -3,7 +3,8 @@
 //! The path of a pod:
 //! 1. the pod source: a shared informer over the pods with `spec.nodeName=<node>`
 //!    ([`NodePods`]) hands every add, update and delete to [`PodWorkers`];
-//! 2. the pod's worker ([`pod_workers`]) syncs it on its latest spec: [`actions`] says what
+//! 2. a new pod is admitted first ([`admission`]: node name, affinity, `NoExecute` taints,
+//!    resources, host ports; a rejected pod is `Failed`); the pod's worker ([`pod_workers`]) syncs it on its latest spec: [`actions`] says what
 //!    the runtime must do, [`Kubelet::sync_pod`] ([`sync`]) does it over CRI with the
 //!    sandbox ([`sandbox`]) and container ([`container`]) configurations, the environment
 //!    (`crate::env`) and the volumes (`crate::volume`), with the restart and pull
@@ -23,6 +24,7 @@
 //! and nothing is kept on disk about pods.
 
 pub mod actions;
+pub mod admission;
 pub mod backoff;
 pub mod container;
 pub mod pleg;
@@ -109,6 +111,8 @@ pub struct Kubelet {
     sandbox_env: sandbox::SandboxEnv,
     workers: PodWorkers,
     probes: prober::ProbeManager,
+    /// The pods admitted and not stopped ([`admission`]).
+    admitted: Mutex<HashMap<String, Arc<Pod>>>,
     stop: CancellationToken,
 }
 
@@ -228,6 +232,7 @@ impl Kubelet {
             sandbox_env,
             workers,
             probes,
+            admitted: Mutex::new(HashMap::new()),
             stop,
         })
     }

@@ -689,6 +689,7 @@ impl Kubelet {
     pub async fn kill_pod(&self, pod: &Pod, grace: Option<Duration>) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         self.probes.remove_pod(&uid);
+        self.release_admission(&uid);
         let rt = match runtime::pod_status(&self.cri, &uid).await {
             Ok(rt) => rt,
             Err(e) => {
