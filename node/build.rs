@@ -10,7 +10,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/containerd/images.proto",
         "proto/containerd/leases.proto",
         "proto/containerd/version.proto",
-        "proto/grpc/health/v1/health.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
@@ -21,5 +20,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Registry credentials: `cri::AuthConfig`'s Debug is written by hand, redacted.
         .skip_debug([".runtime.v1.AuthConfig"])
         .compile_fds(file_descriptors)?;
+    // The gRPC health protocol: the client for gRPC probes, the server for their tests.
+    let health = "proto/grpc/health/v1/health.proto";
+    println!("cargo:rerun-if-changed={health}");
+    tonic_prost_build::configure().compile_fds(protox::compile([health], ["proto"])?)?;
     Ok(())
 }

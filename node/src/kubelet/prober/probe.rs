@@ -119,24 +119,18 @@ async fn run_exec(cri: &Cri, exec: &ExecAction, id: &str, timeout: Duration) -> 
             out.extend_from_slice(&r.stderr);
             out.truncate(MAX_EXEC_OUTPUT);
             let text = String::from_utf8_lossy(&out).into_owned();
+            // `exec.go`: a non-zero exit fails with the output, empty or not.
             if r.exit_code == 0 {
                 Outcome::Success
-            } else if text.is_empty() {
-                // `exec.go`: the exit error when there is no output.
-                Outcome::Failure(format!(
-                    "command {:?} exited with {}",
-                    exec.command.clone().unwrap_or_default(),
-                    r.exit_code
-                ))
             } else {
                 Outcome::Failure(text)
             }
         }
         Ok(Err(e)) => Outcome::Failure(e.to_string()),
-        // `prober.go`: a timed-out exec probe fails with this text.
+        // `pkg/probe/exec/exec.go`: a timed-out exec probe fails with this text.
         Err(_) => Outcome::Failure(format!(
             "command {:?} timed out",
-            exec.command.clone().unwrap_or_default()
+            exec.command.clone().unwrap_or_default().join(" ")
         )),
     }
 }
@@ -513,5 +507,70 @@ mod tests {
             run_tcp(&t, port, "127.0.0.1", Duration::from_secs(1)).await,
             Outcome::Failure(m) if m.starts_with(&format!("dial tcp 127.0.0.1:{port}: "))
         ));
+    }
+
+    struct Health;
+
+    #[tonic::async_trait]
+    impl health::health_server::Health for Health {
+        async fn check(
+            &self,
+            req: tonic::Request<health::HealthCheckRequest>,
+        ) -> Result<tonic::Response<health::HealthCheckResponse>, tonic::Status> {
+            use health::health_check_response::ServingStatus;
+            let status = match req.into_inner().service.as_str() {
+                "" => ServingStatus::Serving,
+                "sick" => ServingStatus::NotServing,
+                _ => return Err(tonic::Status::not_found("unknown service")),
+            };
+            Ok(tonic::Response::new(health::HealthCheckResponse {
+                status: status.into(),
+            }))
+        }
+    }
+
+    #[tokio::test]
+    async fn grpc_health_check_serving_or_not() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health::health_server::HealthServer::new(Health))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
+        );
+        let t = Duration::from_secs(2);
+        let action = |service: Option<&str>| GRPCAction {
+            port: i32::from(port),
+            service: service.map(str::to_string),
+        };
+        assert_eq!(
+            run_grpc(&action(None), "127.0.0.1", t).await,
+            Outcome::Success
+        );
+        assert_eq!(
+            run_grpc(&action(Some("sick")), "127.0.0.1", t).await,
+            Outcome::Failure("service unhealthy (responded with \"NOT_SERVING\")".into())
+        );
+        assert!(matches!(
+            run_grpc(&action(Some("other")), "127.0.0.1", t).await,
+            Outcome::Failure(m) if m.starts_with("error: health rpc probe failed: ")
+        ));
+        let closed = GRPCAction {
+            port: i32::from(free_port().await),
+            service: None,
+        };
+        assert!(matches!(
+            run_grpc(&closed, "127.0.0.1", t).await,
+            Outcome::Failure(m) if m.starts_with("timeout: failed to connect service \"127.0.0.1:")
+        ));
+    }
+
+    async fn free_port() -> u16 {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        l.local_addr().expect("addr").port()
     }
 }
