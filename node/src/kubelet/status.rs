@@ -771,4 +771,52 @@ mod tests {
         assert_eq!(s.pod_ip.as_deref(), Some("192.0.2.10"));
         assert_eq!(cond(&s, "PodReadyToStartContainers").status, "True");
     }
+
+    #[test]
+    fn probes_decide_ready_and_started() {
+        let p = pod(serde_json::json!({"metadata": {"name": "p", "uid": "u"},
+            "spec": {"containers": [{"name": "a", "image": "busybox",
+                "readinessProbe": {"exec": {"command": ["true"]}},
+                "startupProbe": {"exec": {"command": ["true"]}}}]},
+            "status": {"phase": "Pending"}}));
+        let rt = RuntimePod {
+            sandboxes: vec![sandbox()],
+            containers: vec![rc("a", "c1", State::Running, 0, 0, 5)],
+        };
+        let status_of = |probed: Option<Probed>| {
+            let mut i = input();
+            if let Some(pr) = probed {
+                i.probed.insert("c1".into(), pr);
+            }
+            let s = generate(&p, &rt, &i);
+            let cs = s.container_statuses.clone().expect("statuses")[0].clone();
+            (
+                cond(&s, "Ready").status.clone(),
+                cond(&s, "ContainersReady").status.clone(),
+                cs.ready,
+                cs.started,
+            )
+        };
+        // Before any probe ran: neither started nor ready.
+        assert_eq!(
+            status_of(None),
+            ("False".into(), "False".into(), false, Some(false))
+        );
+        let started_only = Probed {
+            ready: false,
+            started: true,
+        };
+        assert_eq!(
+            status_of(Some(started_only)),
+            ("False".into(), "False".into(), false, Some(true))
+        );
+        let both = Probed {
+            ready: true,
+            started: true,
+        };
+        assert_eq!(
+            status_of(Some(both)),
+            ("True".into(), "True".into(), true, Some(true))
+        );
+    }
 }
