@@ -58,7 +58,8 @@ pub fn timeout(p: &Probe) -> Duration {
 pub async fn run(cri: &Cri, probe: &Probe, target: &ProbeTarget<'_>) -> Outcome {
     let timeout = timeout(probe);
     if let Some(exec) = &probe.exec {
-        return run_exec(cri, exec, target.container_id, timeout).await;
+        let command = exec_command(exec, target.container);
+        return run_exec(cri, command, target.container_id, timeout).await;
     }
     if let Some(h) = &probe.http_get {
         return match port(&h.port, target.container) {
@@ -111,8 +112,26 @@ fn host_port(host: &str, port: u16) -> String {
     }
 }
 
-async fn run_exec(cri: &Cri, exec: &ExecAction, id: &str, timeout: Duration) -> Outcome {
-    let cmd = exec.command.clone().unwrap_or_default();
+/// An exec probe's command with `$(VAR)` expanded against the container's literal `env`
+/// values only (`ExpandContainerCommandOnlyStatic`: no `valueFrom`, no service variables).
+pub fn exec_command(exec: &ExecAction, c: &Container) -> Vec<String> {
+    let env: std::collections::BTreeMap<String, String> = c
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), v)))
+        .collect();
+    let contexts = [&env];
+    let mapping = crate::env::expansion::mapping_for(&contexts);
+    exec.command
+        .iter()
+        .flatten()
+        .map(|s| crate::env::expansion::expand(s, &mapping))
+        .collect()
+}
+
+async fn run_exec(cri: &Cri, cmd: Vec<String>, id: &str, timeout: Duration) -> Outcome {
+    let line = cmd.join(" ");
     match tokio::time::timeout(timeout, cri.exec_sync(id, cmd, timeout)).await {
         Ok(Ok(r)) => {
             let mut out = r.stdout;
@@ -128,10 +147,7 @@ async fn run_exec(cri: &Cri, exec: &ExecAction, id: &str, timeout: Duration) -> 
         }
         Ok(Err(e)) => Outcome::Failure(e.to_string()),
         // `pkg/probe/exec/exec.go`: a timed-out exec probe fails with this text.
-        Err(_) => Outcome::Failure(format!(
-            "command {:?} timed out",
-            exec.command.clone().unwrap_or_default().join(" ")
-        )),
+        Err(_) => Outcome::Failure(format!("command {line:?} timed out")),
     }
 }
 
@@ -411,6 +427,18 @@ mod tests {
             Err("couldn't find port: db in c".to_string())
         );
         assert!(port(&IntOrString::Int(70000), &c).is_err());
+    }
+
+    #[test]
+    fn exec_commands_expand_literal_env_only() {
+        let c = container(serde_json::json!({"name": "c", "env": [
+            {"name": "FILE", "value": "/tmp/ok"},
+            {"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+        ]}));
+        let exec = ExecAction {
+            command: Some(vec!["cat".into(), "$(FILE)".into(), "$(SECRET)".into()]),
+        };
+        assert_eq!(exec_command(&exec, &c), ["cat", "/tmp/ok", "$(SECRET)"]);
     }
 
     #[test]
