@@ -1,4 +1,5 @@
-//! Compiles the CRI v1 proto and the few containerd services skerry calls with `protox` (pure
+//! Compiles the CRI v1 proto, the few containerd services skerry calls and the gRPC health
+//! protocol (gRPC probes) with `protox` (pure
 //! Rust, so a machine without `protoc` builds) into prost messages and tonic clients.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -19,5 +20,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Registry credentials: `cri::AuthConfig`'s Debug is written by hand, redacted.
         .skip_debug([".runtime.v1.AuthConfig"])
         .compile_fds(file_descriptors)?;
+    // The gRPC health protocol: the client for gRPC probes, the server for their tests.
+    let health = "proto/grpc/health/v1/health.proto";
+    println!("cargo:rerun-if-changed={health}");
+    tonic_prost_build::configure().compile_fds(protox::compile([health], ["proto"])?)?;
     Ok(())
 }

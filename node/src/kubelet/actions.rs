@@ -268,6 +268,53 @@ pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod) -> PodActions {
     actions
 }
 
+/// Adds the kills a failed liveness or startup probe asks for (`computePodActions`: the
+/// container is killed, and started again unless the pod's `restartPolicy` is `Never`).
+/// `failed(name, id)` gives the reason for a running instance whose probe failed.
+pub fn add_probe_kills(
+    pod: &Pod,
+    rt: &RuntimePod,
+    actions: &mut PodActions,
+    failed: impl Fn(&str, &str) -> Option<String>,
+) {
+    if actions.kill_pod || actions.create_sandbox {
+        return;
+    }
+    let Some(sandbox) = actions.sandbox_id.as_deref() else {
+        return;
+    };
+    let restart = restart_policy(pod) != RESTART_NEVER;
+    let regulars = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    for (index, c) in regulars.iter().enumerate() {
+        let Some(l) = rt
+            .containers
+            .iter()
+            .find(|l| l.name == c.name && l.sandbox_id == sandbox)
+            .filter(|l| l.running())
+        else {
+            continue;
+        };
+        if actions.kill.iter().any(|k| k.id == l.id) {
+            continue;
+        }
+        let Some(message) = failed(&c.name, &l.id) else {
+            continue;
+        };
+        actions.kill.push(kill(l, &message));
+        let r = ContainerRef {
+            kind: Kind::Regular,
+            index,
+        };
+        if restart && !actions.start.contains(&r) {
+            actions.start.push(r);
+        }
+    }
+}
+
 fn kill(c: &RuntimeContainer, message: &str) -> Kill {
     Kill {
         id: c.id.clone(),
@@ -477,5 +524,38 @@ mod tests {
         let a = compute_pod_actions(&host, &rt);
         assert!(!a.create_sandbox);
         assert_eq!(a.start, vec![regular(0)]);
+    }
+
+    #[test]
+    fn a_failed_liveness_probe_kills_and_restarts_unless_never() {
+        for (policy, restarts) in [("Always", true), ("OnFailure", true), ("Never", false)] {
+            let p = pod(serde_json::json!({
+                "restartPolicy": policy,
+                "containers": [{"name": "a"}, {"name": "b"}]
+            }));
+            let rt = RuntimePod {
+                sandboxes: vec![sandbox(true)],
+                containers: vec![
+                    container(&p, Kind::Regular, "a", State::Running, 0),
+                    container(&p, Kind::Regular, "b", State::Running, 0),
+                ],
+            };
+            let mut actions = compute_pod_actions(&p, &rt);
+            assert_eq!(actions.kill, vec![]);
+            add_probe_kills(&p, &rt, &mut actions, |name, id| {
+                (name == "b" && id == "id-b").then(|| "Container b failed liveness probe".into())
+            });
+            assert_eq!(
+                actions.kill,
+                vec![Kill {
+                    id: "id-b".into(),
+                    name: "b".into(),
+                    message: "Container b failed liveness probe".into()
+                }],
+                "{policy}"
+            );
+            let expected = if restarts { vec![regular(1)] } else { vec![] };
+            assert_eq!(actions.start, expected, "{policy}");
+        }
     }
 }

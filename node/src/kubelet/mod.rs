@@ -3,7 +3,8 @@
 //! The path of a pod:
 //! 1. the pod source: a shared informer over the pods with `spec.nodeName=<node>`
 //!    ([`NodePods`]) hands every add, update and delete to [`PodWorkers`];
-//! 2. the pod's worker ([`pod_workers`]) syncs it on its latest spec: [`actions`] says what
+//! 2. a new pod is admitted first ([`admission`]: node name, affinity, `NoExecute` taints,
+//!    resources, host ports; a rejected pod is `Failed`); the pod's worker ([`pod_workers`]) syncs it on its latest spec: [`actions`] says what
 //!    the runtime must do, [`Kubelet::sync_pod`] ([`sync`]) does it over CRI with the
 //!    sandbox ([`sandbox`]) and container ([`container`]) configurations, the environment
 //!    (`crate::env`) and the volumes (`crate::volume`), with the restart and pull
@@ -11,7 +12,9 @@
 //! 3. the [`pleg`] relists the runtime every second and wakes the worker of any pod whose
 //!    containers changed;
 //! 4. after every sync the pod's status ([`status`]) goes to the API through the
-//!    [`status_manager`], only when it changed;
+//!    [`status_manager`], only when it changed; the [`prober`] runs the containers' probes
+//!    and wakes the worker when a result changes (readiness into the status, a liveness
+//!    failure into a restart);
 //! 5. a deleted pod is stopped (preStop, then its grace period), its sandbox and volumes
 //!    removed, and it is deleted from the API with grace 0 and its UID as precondition.
 //!
@@ -21,10 +24,12 @@
 //! and nothing is kept on disk about pods.
 
 pub mod actions;
+pub mod admission;
 pub mod backoff;
 pub mod container;
 pub mod pleg;
 pub mod pod_workers;
+pub mod prober;
 pub mod runtime;
 pub mod sandbox;
 pub mod status;
@@ -105,6 +110,9 @@ pub struct Kubelet {
     reasons: Mutex<HashMap<String, HashMap<String, status::Reason>>>,
     sandbox_env: sandbox::SandboxEnv,
     workers: PodWorkers,
+    probes: prober::ProbeManager,
+    /// The pods admitted and not stopped ([`admission`]).
+    admitted: Mutex<HashMap<String, Arc<Pod>>>,
     stop: CancellationToken,
 }
 
@@ -206,6 +214,11 @@ impl Kubelet {
             logs_root: config.root_dir.join(POD_LOGS_DIR),
             cgroup_root: config.cgroup_root.clone(),
         };
+        let workers = PodWorkers::new();
+        let probes = {
+            let workers = workers.clone();
+            prober::ProbeManager::new(cri.clone(), events.clone(), move |uid| workers.wake(uid))
+        };
         Arc::new(Kubelet {
             statuses: status_manager::StatusManager::new(client.clone()),
             config,
@@ -217,7 +230,9 @@ impl Kubelet {
             backoff: Mutex::new(backoff::Backoff::new()),
             reasons: Mutex::new(HashMap::new()),
             sandbox_env,
-            workers: PodWorkers::new(),
+            workers,
+            probes,
+            admitted: Mutex::new(HashMap::new()),
             stop,
         })
     }

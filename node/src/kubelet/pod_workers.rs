@@ -144,6 +144,7 @@ async fn work(
 ) {
     let mut state = WorkerState::Syncing;
     let mut delete_sent = false;
+    let mut admitted = false;
     loop {
         let update = updates.borrow_and_update().clone();
         let mut next = RESYNC;
@@ -165,6 +166,19 @@ async fn work(
                 kubelet.write_final_status(pod).await;
                 state = WorkerState::Terminated;
                 delete_sent = kubelet.delete_from_api(pod).await;
+            }
+            (PodUpdate::Pod(pod), WorkerState::Syncing) if !admitted => {
+                match kubelet.admit(pod).await {
+                    Ok(true) => {
+                        admitted = true;
+                        next = Duration::ZERO;
+                    }
+                    Ok(false) => state = WorkerState::Terminated,
+                    Err(e) => {
+                        warn!(pod = %pod_name(pod), %uid, error = %e, "admission failed; retrying");
+                        next = super::SYNC_ERROR_RETRY;
+                    }
+                }
             }
             (PodUpdate::Pod(pod), WorkerState::Syncing) => match kubelet.sync_pod(pod).await {
                 Ok(SyncResult::Again(after)) => next = after,

@@ -59,9 +59,21 @@ pub struct Reason {
     pub message: String,
 }
 
+/// What the probes say of a running container instance (`prober_manager.go`
+/// `UpdatePodStatus`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probed {
+    /// Started, and its readiness probe (if any) passed.
+    pub ready: bool,
+    /// No startup probe, or it passed.
+    pub started: bool,
+}
+
 /// The facts [`generate`] needs besides the pod and the runtime.
 #[derive(Clone, Debug, Default)]
 pub struct StatusInput {
+    /// The probes' view of running instances, by container id (absent: none known yet).
+    pub probed: HashMap<String, Probed>,
     /// The node's IPs, the primary first.
     pub host_ips: Vec<String>,
     /// Waiting reasons by container name.
@@ -161,11 +173,14 @@ fn container_status(
             }),
             ..Default::default()
         });
-        // Without probes: ready and started once running (upstream: ready when no readiness
-        // probe; started when no startup probe). A readiness probe is not run yet, so such a
-        // container is honestly reported not ready.
-        status.ready = spec.readiness_probe.is_none();
-        status.started = Some(spec.startup_probe.is_none());
+        // As the probes say; before they said anything: ready when it has neither a
+        // readiness nor a startup probe, started when it has no startup probe.
+        let probed = input.probed.get(&latest.id).copied().unwrap_or(Probed {
+            ready: spec.readiness_probe.is_none() && spec.startup_probe.is_none(),
+            started: spec.startup_probe.is_none(),
+        });
+        status.ready = probed.ready;
+        status.started = Some(probed.started);
     } else if latest.exited() || latest.running() {
         let t = terminated(latest, input);
         match reason.filter(|_| !input.terminal) {
@@ -755,5 +770,53 @@ mod tests {
         let s = generate(&p, &rt, &input());
         assert_eq!(s.pod_ip.as_deref(), Some("192.0.2.10"));
         assert_eq!(cond(&s, "PodReadyToStartContainers").status, "True");
+    }
+
+    #[test]
+    fn probes_decide_ready_and_started() {
+        let p = pod(serde_json::json!({"metadata": {"name": "p", "uid": "u"},
+            "spec": {"containers": [{"name": "a", "image": "busybox",
+                "readinessProbe": {"exec": {"command": ["true"]}},
+                "startupProbe": {"exec": {"command": ["true"]}}}]},
+            "status": {"phase": "Pending"}}));
+        let rt = RuntimePod {
+            sandboxes: vec![sandbox()],
+            containers: vec![rc("a", "c1", State::Running, 0, 0, 5)],
+        };
+        let status_of = |probed: Option<Probed>| {
+            let mut i = input();
+            if let Some(pr) = probed {
+                i.probed.insert("c1".into(), pr);
+            }
+            let s = generate(&p, &rt, &i);
+            let cs = s.container_statuses.clone().expect("statuses")[0].clone();
+            (
+                cond(&s, "Ready").status.clone(),
+                cond(&s, "ContainersReady").status.clone(),
+                cs.ready,
+                cs.started,
+            )
+        };
+        // Before any probe ran: neither started nor ready.
+        assert_eq!(
+            status_of(None),
+            ("False".into(), "False".into(), false, Some(false))
+        );
+        let started_only = Probed {
+            ready: false,
+            started: true,
+        };
+        assert_eq!(
+            status_of(Some(started_only)),
+            ("False".into(), "False".into(), false, Some(true))
+        );
+        let both = Probed {
+            ready: true,
+            started: true,
+        };
+        assert_eq!(
+            status_of(Some(both)),
+            ("True".into(), "True".into(), true, Some(true))
+        );
     }
 }

@@ -146,7 +146,10 @@ impl Kubelet {
         let rt = runtime::pod_status(&self.cri, &uid)
             .await
             .context("read the pod from the runtime")?;
-        let actions = compute_pod_actions(pod, &rt);
+        let mut actions = compute_pod_actions(pod, &rt);
+        actions::add_probe_kills(pod, &rt, &mut actions, |name, id| {
+            self.probes.kill_reason(name, id)
+        });
         debug!(pod = %pod_name(pod), ?actions, "sync");
         if actions.kill_pod {
             if actions.create_sandbox && !rt.sandboxes.is_empty() {
@@ -164,13 +167,21 @@ impl Kubelet {
                 }
             }
         }
+        let spec_containers = pod.spec.as_ref().map(|s| s.containers.as_slice());
         for k in &actions.kill {
-            self.record(
-                pod,
-                EVENT_NORMAL,
-                "Killing",
-                &format!("{}, will be restarted", k.message),
-            );
+            // `computePodActions`: ", will be restarted" only when it is.
+            let restarted = actions.start.iter().any(|r| {
+                r.kind == Kind::Regular
+                    && spec_containers
+                        .and_then(|l| l.get(r.index))
+                        .is_some_and(|c| c.name == k.name)
+            }) || actions.start.iter().any(|r| r.kind == Kind::Init);
+            let message = if restarted {
+                format!("{}, will be restarted", k.message)
+            } else {
+                k.message.clone()
+            };
+            self.record(pod, EVENT_NORMAL, "Killing", &message);
             if let Some(c) = rt.containers.iter().find(|c| c.id == k.id) {
                 self.stop_container(pod, c, self.grace_period(pod)).await;
             }
@@ -186,6 +197,14 @@ impl Kubelet {
             .phase
             .as_deref()
             .is_some_and(status::is_terminal_phase);
+        if !terminal {
+            self.probes.sync_pod(
+                pod,
+                &rt,
+                generated.pod_ip.as_deref().unwrap_or_default(),
+                &self.stop,
+            );
+        }
         if !terminal {
             self.statuses.set(pod, &generated).await?;
         }
@@ -208,7 +227,18 @@ impl Kubelet {
                 messages.insert(c.id.clone(), m);
             }
         }
+        let mut probed = HashMap::new();
+        for c in pod.spec.iter().flat_map(|s| &s.containers) {
+            if let Some(l) = rt.latest(&c.name).filter(|l| l.running()) {
+                let state = status::Probed {
+                    ready: self.probes.ready(c, &l.id),
+                    started: self.probes.started(c, &l.id),
+                };
+                probed.insert(l.id.clone(), state);
+            }
+        }
         StatusInput {
+            probed,
             host_ips: self.config.node_ips.clone(),
             reasons: self.reasons_of(&uid),
             messages,
@@ -658,6 +688,8 @@ impl Kubelet {
     /// Stops every container (in parallel, each with `grace`) and every sandbox of the pod.
     pub async fn kill_pod(&self, pod: &Pod, grace: Option<Duration>) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
+        self.probes.remove_pod(&uid);
+        self.release_admission(&uid);
         let rt = match runtime::pod_status(&self.cri, &uid).await {
             Ok(rt) => rt,
             Err(e) => {
@@ -741,6 +773,7 @@ impl Kubelet {
             &uid,
         ));
         self.statuses.forget(&uid);
+        self.probes.remove_pod(&uid);
         self.backoff
             .lock()
             .unwrap_or_else(|p| p.into_inner())
