@@ -387,6 +387,7 @@ fn kubectl_logs_reads_the_containers_output_through_the_kubelet() {
         ),
         "{stderr}"
     );
+    node.logs_until(&["two", "-c", "first"], |o| !o.is_empty());
     let out = node.kube.kubectl_output(&["logs", "two"], None);
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "from first\n");
