@@ -118,6 +118,7 @@ pub fn start(
         service_cidr,
         // The controllers' workqueues (kube-controller-manager serves these on its own port).
         extra_metrics: Some(Arc::new(skerry_client::workqueue::metrics::encode_text)),
+        kubelet_client: Some(kubelet_client(&pki)?),
     };
     let pki = Arc::new(pki);
     // The controllers talk to this member's own apiserver on the loopback.
@@ -314,3 +315,29 @@ pub fn kubeconfig(args: KubeconfigArgs) -> Result<()> {
         }
     }
 }
+
+/// How the apiserver reaches kubelets (`pods/log`): kubeadm's `apiserver-kubelet-client`
+/// certificate in `system:masters`, issued from the cluster CA at each start (kept in memory:
+/// nothing else uses it), and the cluster CA as the only trust anchor of kubelets' serving
+/// certificates.
+fn kubelet_client(pki: &crate::pki::Pki) -> Result<skerry_apiserver::podlogs::KubeletClient> {
+    let cert = pki
+        .issue_client_cert(
+            KUBELET_CLIENT_USER,
+            &[crate::pki::ADMIN_GROUP],
+            crate::pki::LEAF_VALIDITY,
+        )
+        .context("issue the apiserver's kubelet client certificate")?;
+    let roots = skerry_tls::config::roots([pki.ca_cert_der().clone()])
+        .context("the cluster CA as kubelets' trust anchor")?;
+    let tls = skerry_tls::config::client_config(
+        Arc::new(roots),
+        Some((cert.cert_chain()?, cert.private_key()?)),
+        &[b"http/1.1"],
+    )
+    .context("the kubelet client's TLS configuration")?;
+    Ok(skerry_apiserver::podlogs::KubeletClient { tls: Arc::new(tls) })
+}
+
+/// The user the apiserver calls kubelets as (kubeadm's `apiserver-kubelet-client`).
+const KUBELET_CLIENT_USER: &str = "kube-apiserver-kubelet-client";

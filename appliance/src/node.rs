@@ -28,6 +28,8 @@ use skerry_node::kubelet::{Kubelet, KubeletConfig};
 use skerry_node::machine::{self, Reservations};
 use skerry_node::nodestatus::readiness::Readiness;
 use skerry_node::nodestatus::{NodeStatusConfig, NodeStatusManager, RuntimeInfo, flags};
+use skerry_node::server::KubeletServer;
+use skerry_node::server::auth::Auth;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -92,6 +94,9 @@ pub struct NodeArgs {
     /// Requests the kubelet may send at once before the QPS applies (`kubeAPIBurst`).
     #[arg(long, default_value_t = KUBE_API_BURST)]
     pub kube_api_burst: u32,
+    /// The port of the kubelet's HTTPS API (logs for `kubectl logs`); 0 serves none.
+    #[arg(long, default_value_t = skerry_node::server::DEFAULT_PORT)]
+    pub kubelet_port: u16,
 }
 
 /// The kubelet's own client limits, not client-go's 5/10: every pod start writes its status
@@ -251,7 +256,25 @@ pub async fn start(
         }
         return None;
     }
+    let node_ip = match args.node_ip {
+        Some(ip) => ip,
+        None => detect_node_ip(),
+    };
+    // The kubelet's API: bound now, so the Node publishes the port actually served.
+    let kubelet_api = match kubelet_listener(args.kubelet_port, &pki, &node_name, node_ip).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("skerry: no node agent: the kubelet's API: {e:#}");
+            if let Some(c) = containerd {
+                c.stop().await;
+            }
+            return None;
+        }
+    };
     let mut status_config = NodeStatusConfig::new(&node_name, root_dir.clone());
+    status_config.kubelet_port = kubelet_api.as_ref().map_or(0, |(l, _)| {
+        l.local_addr().map_or(0, |a| i32::from(a.port()))
+    });
     status_config.node_ip = args.node_ip;
     status_config.max_pods = args.max_pods;
     status_config.node_labels = args.node_labels.clone();
@@ -288,10 +311,6 @@ pub async fn start(
         };
     readiness.set_runtime_up();
 
-    let node_ip = match args.node_ip {
-        Some(ip) => ip,
-        None => detect_node_ip(),
-    };
     let memory = status
         .capacity()
         .get("memory")
@@ -314,6 +333,10 @@ pub async fn start(
         token.cancel();
     });
     let kubelet = Kubelet::new(config, cri, client.clone(), stop.clone());
+    if let Some((listener, tls)) = kubelet_api {
+        let server = KubeletServer::new(kubelet.clone(), Auth::new(&client));
+        tokio::spawn(server.serve(listener, tls, stop.clone()));
+    }
     let task_stop = stop.clone();
     let task = tokio::spawn(async move {
         tokio::select! {
@@ -329,6 +352,42 @@ pub async fn start(
         stop,
         containerd,
     })
+}
+
+/// The kubelet API's listener on `port` (all addresses, as the kubelet's `--address`
+/// 0.0.0.0) and its TLS: the node's serving certificate from the cluster CA for its name,
+/// its IP and the loopbacks, client certificates asked for and verified against the CA (a
+/// caller without one may still present a bearer token). `None` for port 0.
+async fn kubelet_listener(
+    port: u16,
+    pki: &Pki,
+    node: &str,
+    node_ip: IpAddr,
+) -> Result<
+    Option<(
+        tokio::net::TcpListener,
+        Arc<tokio_rustls::rustls::ServerConfig>,
+    )>,
+> {
+    if port == 0 {
+        return Ok(None);
+    }
+    let mut ips = vec![node_ip];
+    ips.extend(crate::pki::SERVING_IPS.iter().filter(|ip| **ip != node_ip));
+    let cert = pki
+        .issue_node_serving_cert(node, &ips)
+        .context("issue the kubelet's serving certificate")?;
+    let roots = skerry_tls::config::roots([pki.ca_cert_der().clone()])?;
+    let tls = skerry_tls::config::server_config(
+        cert.cert_chain()?,
+        cert.private_key()?,
+        skerry_tls::config::ClientAuth::Optional(Arc::new(roots)),
+        &[b"http/1.1"],
+    )?;
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, port))
+        .await
+        .with_context(|| format!("--kubelet-port {port}: bind"))?;
+    Ok(Some((listener, Arc::new(tls))))
 }
 
 /// The kubelet's client: `system:node:<name>` in `system:nodes`.

@@ -221,6 +221,12 @@ impl Pki {
         Ok(self.ca.client_cert_for(user, groups, validity)?)
     }
 
+    /// Issues node `node`'s kubelet serving certificate for its name and `ips`
+    /// (`CN=system:node:<node>`, `O=system:nodes`), with a fresh key.
+    pub fn issue_node_serving_cert(&self, node: &str, ips: &[IpAddr]) -> Result<CertifiedKey> {
+        Ok(self.ca.node_serving_cert(node, ips)?)
+    }
+
     /// The PKI directory.
     pub fn dir(&self) -> &Path {
         &self.dir

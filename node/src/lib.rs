@@ -13,4 +13,5 @@ pub mod images;
 pub mod kubelet;
 pub mod machine;
 pub mod nodestatus;
+pub mod server;
 pub mod volume;

@@ -50,9 +50,15 @@ impl Kube {
     }
 
     /// A server that also runs its node agent (containerd and the kubelet): the caller stops
-    /// it with SIGTERM so containerd stops with it.
+    /// it with SIGTERM so containerd stops with it. The kubelet's API gets a free port unless
+    /// `extra` names one: tests run in parallel, and only one could have the default 10250.
     pub fn start_with_agent(extra: &[&str], env: &[(&str, &str)]) -> Kube {
-        Kube::launch(extra, true, env)
+        let port = free_port().to_string();
+        let mut args = extra.to_vec();
+        if !extra.contains(&"--kubelet-port") {
+            args.extend(["--kubelet-port", &port]);
+        }
+        Kube::launch(&args, true, env)
     }
 
     fn launch(extra: &[&str], agent: bool, env: &[(&str, &str)]) -> Kube {

@@ -114,6 +114,8 @@ pub struct Kubelet {
     /// The pods admitted and not stopped ([`admission`]).
     admitted: Mutex<HashMap<String, Arc<Pod>>>,
     stop: CancellationToken,
+    /// The pod source's store, once it runs (read by the kubelet's API, `crate::server`).
+    pods: std::sync::OnceLock<skerry_client::cache::Indexer<Pod>>,
 }
 
 /// The pods bound to one node: a LIST and WATCH with `fieldSelector=spec.nodeName=<node>`
@@ -234,12 +236,23 @@ impl Kubelet {
             probes,
             admitted: Mutex::new(HashMap::new()),
             stop,
+            pods: std::sync::OnceLock::new(),
         })
     }
 
     /// Its configuration.
     pub fn config(&self) -> &KubeletConfig {
         &self.config
+    }
+
+    /// The pods bound to this node as the pod source has them (empty until it runs).
+    pub fn pods(&self) -> Vec<Arc<Pod>> {
+        self.pods.get().map(|s| s.list()).unwrap_or_default()
+    }
+
+    /// The runtime.
+    pub fn cri(&self) -> &Cri {
+        &self.cri
     }
 
     /// The pod workers (for tests and metrics).
@@ -259,6 +272,7 @@ impl Kubelet {
             rt: tokio::runtime::Handle::current(),
         });
         informer.run(stop.clone());
+        let _ = self.pods.set(informer.store());
         if !informer.wait_for_sync(&stop).await {
             return;
         }

@@ -170,6 +170,13 @@ pub static RESOURCES: &[ResourceInfo] = &[
                 group_version: None,
                 verbs: &["create"]
             },
+            // `kubectl logs`: proxied to the pod's kubelet (kind Pod in discovery, as upstream).
+            Subresource {
+                name: "log",
+                kind: "Pod",
+                group_version: None,
+                verbs: &["get"]
+            },
             // `kubectl drain` finds it in discovery (`pods/eviction`, kind Eviction of
             // policy/v1) and POSTs there; RBAC grants it as `create` on `pods/eviction`.
             Subresource {

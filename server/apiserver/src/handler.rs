@@ -98,6 +98,8 @@ pub struct ApiServer {
     pub event_leases: crate::leases::LeaseManager,
     /// More `/metrics` text from the rest of the process.
     pub extra_metrics: Option<ExtraMetrics>,
+    /// How `pods/log` reaches kubelets (`crate::podlogs`); `None`: no kubelet is reached.
+    pub kubelet_client: Option<crate::podlogs::KubeletClient>,
     /// The compactor loop; aborted when the server is dropped.
     compactor: Option<tokio::task::JoinHandle<()>>,
 }
@@ -123,6 +125,8 @@ pub struct Config {
     /// More metrics for `/metrics`, in the OpenMetrics text format (the process's other
     /// components: the controllers' workqueues). Called on every scrape.
     pub extra_metrics: Option<ExtraMetrics>,
+    /// How `pods/log` reaches kubelets: TLS with the apiserver's kubelet-client certificate.
+    pub kubelet_client: Option<crate::podlogs::KubeletClient>,
 }
 
 /// A source of more `/metrics` text (OpenMetrics, its own `# EOF` line optional).
@@ -165,6 +169,7 @@ impl ApiServer {
             service_cidr: config.service_cidr,
             event_leases: crate::leases::LeaseManager::new(crate::leases::EVENT_TTL),
             extra_metrics: config.extra_metrics,
+            kubelet_client: config.kubelet_client,
             compactor,
         })
     }

@@ -127,6 +127,7 @@ impl TestServer {
                 compaction_interval: None,
                 service_cidr,
                 extra_metrics: None,
+                kubelet_client: None,
             },
         );
         for cache in api.caches.values() {

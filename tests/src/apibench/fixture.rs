@@ -193,6 +193,7 @@ impl Harness {
                 compaction_interval: None,
                 service_cidr,
                 extra_metrics: None,
+                kubelet_client: None,
             },
         );
         let (stop, stopped) = watch::channel(false);

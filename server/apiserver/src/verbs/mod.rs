@@ -85,6 +85,7 @@ pub async fn serve(server: &Arc<ApiServer>, req: Request) -> Result<Response<Bod
     // have their own shapes.
     let own_kind = subresource.is_none_or(|s| s.kind == resource.kind && s.group_version.is_none());
     match (info.verb.as_str(), info.subresource.as_deref()) {
+        ("get", Some("log")) => crate::podlogs::get(server, resource, &req).await,
         ("get", _) if own_kind => get::get(server, resource, &req).await,
         ("get", Some("scale")) => crate::subresources::get_scale(server, resource, &req).await,
         ("list", None) => list::list(server, resource, &req).await,

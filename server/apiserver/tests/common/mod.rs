@@ -55,6 +55,7 @@ pub async fn start() -> Server {
             compaction_interval: None,
             service_cidr,
             extra_metrics: None,
+            kubelet_client: None,
         },
     );
     Server { api, _dir: dir }

@@ -1,0 +1,588 @@
+//! `kubectl logs` for real: the real kubectl asks the apiserver for `pods/log`, which
+//! proxies the kubelet's `/containerLogs` on the node's `--kubelet-port` with its
+//! `apiserver-kubelet-client` certificate; the kubelet reads the CRI log files its
+//! containers write (real containerd, a busybox image built by the test, host-network pods
+//! as in `pods.rs`). Then who may not: a user without `pods/log` at the apiserver, and at
+//! the kubelet's port a caller without credentials or without `nodes/proxy`.
+//!
+//! Needs root, containerd, runc, catatonit and busybox-static: a failure under `CI=true`, a
+//! skip otherwise.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use common::free_port;
+use common::kube::{Kube, tail};
+use serde_json::Value;
+use skerry_node::containerd::find_on_path;
+use skerry_node::images::build;
+
+const IMAGE: &str = "skerry.test/busybox:1";
+const NODE: &str = "logs-node";
+/// How long a pod gets to reach a state (image present; a loaded 2-core box running other
+/// builds).
+const POD_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long `kubectl logs -f` gets to show a line the container printed after it started
+/// (the pod prints one a second).
+const FOLLOW_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn missing_prerequisite() -> bool {
+    let ok = rustix::process::geteuid().is_root()
+        && ["containerd", "containerd-shim-runc-v2", "runc"]
+            .iter()
+            .all(|b| find_on_path(b).is_some())
+        && Path::new(build::BUSYBOX).exists()
+        && Path::new(build::CATATONIT).exists();
+    if !ok {
+        let why = "pod log tests need root, containerd, runc, catatonit and busybox-static";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+        eprintln!("skipping: {why}");
+    }
+    !ok
+}
+
+/// A server with its node agent and the kubelet's API on `kubelet_port`, stopped with
+/// SIGTERM (so it stops containerd) and its leftovers (shims, mounts, cgroups) removed on
+/// drop.
+struct Node {
+    kube: Kube,
+    kubelet_port: u16,
+    cgroup_root: String,
+}
+
+impl Node {
+    fn start() -> Node {
+        let cgroup_root = format!(
+            "/skerry-test-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        );
+        let kubelet_port = free_port();
+        let kube = Kube::start_with_agent(
+            &[
+                "--hostname-override",
+                NODE,
+                "--cgroup-root",
+                &cgroup_root,
+                "--kubelet-port",
+                &kubelet_port.to_string(),
+            ],
+            &[],
+        );
+        Node {
+            kube,
+            kubelet_port,
+            cgroup_root,
+        }
+    }
+
+    fn data(&self) -> PathBuf {
+        self.kube.dir.path().join("data")
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.data().join("agent/run/containerd.sock")
+    }
+
+    /// Polls the pod until `ok` holds; returns it.
+    fn wait_pod(&self, name: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + POD_TIMEOUT;
+        loop {
+            let out = self
+                .kube
+                .kubectl_output(&["get", "pod", name, "-o", "json"], None);
+            if out.status.success() {
+                let pod: Value = serde_json::from_slice(&out.stdout).expect("pod JSON");
+                if ok(&pod) {
+                    return pod;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "pod {name} not {what} in {POD_TIMEOUT:?}: {}\n{}",
+                    serde_json::to_string_pretty(&pod["status"]).unwrap_or_default(),
+                    tail(&self.kube.log())
+                );
+            } else {
+                assert!(
+                    Instant::now() < deadline,
+                    "pod {name} not {what}\n{}",
+                    tail(&self.kube.log())
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Applies a host-network pod of `containers` (name, shell script).
+    fn pod(&self, name: &str, containers: &[(&str, &str)]) {
+        let containers: Vec<Value> = containers
+            .iter()
+            .map(|(n, script)| {
+                serde_json::json!({"name": n, "image": IMAGE, "command": ["sh", "-c", script]})
+            })
+            .collect();
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"hostNetwork": true, "terminationGracePeriodSeconds": 1,
+                     "containers": containers}});
+        self.kube
+            .ok_in(&["apply", "-f", "-"], Some(&pod.to_string()));
+    }
+
+    /// `kubectl logs` until its output satisfies `ok` (a container's first lines reach its
+    /// log file a moment after it runs); returns the output.
+    fn logs_until(&self, args: &[&str], ok: impl Fn(&str) -> bool) -> String {
+        let mut all = vec!["logs"];
+        all.extend(args);
+        let deadline = Instant::now() + POD_TIMEOUT;
+        loop {
+            let out = self.kube.kubectl_output(&all, None);
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            if out.status.success() && ok(&stdout) {
+                return stdout;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kubectl {all:?}: {stdout:?}\nstderr: {}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                tail(&self.kube.log())
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let pid = self.kube._child.0.id();
+        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.kube._child.0.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cleanup(&self.socket(), self.kube.dir.path(), &self.cgroup_root);
+    }
+}
+
+/// Kills the shims of this test's containerd and the processes left in the test's cgroups,
+/// removes those cgroups, and unmounts what the node mounted under the test's directory (as
+/// `pods.rs` does).
+fn cleanup(socket: &Path, dir: &Path, cgroup_root: &str) {
+    let socket = socket.display().to_string();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&cmdline);
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        let in_test_cgroup = cgroups.lines().any(|l| {
+            l.split(':')
+                .nth(2)
+                .is_some_and(|p| p.starts_with(&format!("{cgroup_root}/")))
+        });
+        if (text.contains(&socket) || in_test_cgroup)
+            && let Some(p) = rustix::process::Pid::from_raw(pid)
+        {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let prefix = dir.display().to_string();
+    let mut points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&prefix))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        let _ = rustix::mount::unmount(p, rustix::mount::UnmountFlags::DETACH);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let mut roots = vec![PathBuf::from("/sys/fs/cgroup").join(cgroup_root.trim_start_matches('/'))];
+    for entry in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        roots.push(entry.path().join(cgroup_root.trim_start_matches('/')));
+    }
+    for root in roots {
+        remove_cgroup_tree(&root);
+    }
+}
+
+fn remove_cgroup_tree(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup_tree(&entry.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+fn import_busybox(node: &Node) {
+    let archive = node.kube.dir.path().join("busybox.tar");
+    build::busybox_image(Path::new(build::BUSYBOX), IMAGE)
+        .expect("image")
+        .write_oci_archive(&archive)
+        .expect("write");
+    // containerd is up once the node registered.
+    let deadline = Instant::now() + POD_TIMEOUT;
+    while !node
+        .kube
+        .kubectl_output(&["get", "node", NODE], None)
+        .status
+        .success()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "node not registered\n{}",
+            tail(&node.kube.log())
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
+        .args(["images", "import", "--data-dir"])
+        .arg(node.data())
+        .arg(&archive)
+        .output()
+        .expect("skerry images import");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn running(p: &Value) -> bool {
+    p["status"]["phase"] == "Running"
+}
+
+/// The number in a `tick N` line.
+fn tick(line: &str) -> Option<u64> {
+    line.trim().strip_prefix("tick ")?.parse().ok()
+}
+
+/// A client certificate and key of `kubeconfig`'s user, written as PEM files for curl.
+fn client_cert(node: &Node, kubeconfig: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let config: Value = serde_json::from_str(&node.kube.ok(&[
+        "config",
+        "view",
+        "--raw",
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "-o",
+        "json",
+    ]))
+    .expect("kubeconfig JSON");
+    let user = &config["users"][0]["user"];
+    let write = |field: &str, ext: &str| {
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(user[field].as_str().expect("embedded PEM"))
+            .expect("base64");
+        let path = node.kube.path(&format!("{name}.{ext}"));
+        std::fs::write(&path, pem).expect("write PEM");
+        path
+    };
+    (
+        write("client-certificate-data", "crt"),
+        write("client-key-data", "key"),
+    )
+}
+
+/// `curl` to the kubelet's API: (HTTP code, body).
+fn curl_kubelet(node: &Node, path: &str, cert: Option<&(PathBuf, PathBuf)>) -> (String, String) {
+    let mut c = Command::new("curl");
+    c.args(["-sk", "-w", "\n%{http_code}"]);
+    if let Some((crt, key)) = cert {
+        c.arg("--cert").arg(crt).arg("--key").arg(key);
+    }
+    let out = c
+        .arg(format!("https://127.0.0.1:{}{path}", node.kubelet_port))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.to_string(), body.to_string())
+}
+
+#[test]
+fn kubectl_logs_reads_the_containers_output_through_the_kubelet() {
+    if missing_prerequisite() {
+        return;
+    }
+    let node = Node::start();
+    import_busybox(&node);
+
+    // The Node publishes the port its kubelet serves.
+    let n: Value = serde_json::from_str(&node.kube.ok(&["get", "node", NODE, "-o", "json"]))
+        .expect("node JSON");
+    assert_eq!(
+        n["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"],
+        node.kubelet_port
+    );
+
+    node.pod(
+        "printer",
+        &[("printer", "echo one; echo two; echo three; exec sleep 3600")],
+    );
+    node.pod(
+        "ticker",
+        &[(
+            "ticker",
+            "i=0; while true; do i=$((i+1)); echo tick $i; sleep 1; done",
+        )],
+    );
+    node.pod(
+        "two",
+        &[
+            ("first", "echo from first; exec sleep 3600"),
+            ("second", "echo from second; exec sleep 3600"),
+        ],
+    );
+    node.wait_pod("printer", "Running", running);
+
+    // The whole log, its last line, and with timestamps.
+    let all = node.logs_until(&["printer"], |o| o.contains("three"));
+    assert_eq!(all, "one\ntwo\nthree\n");
+    assert_eq!(node.kube.ok(&["logs", "printer", "--tail=1"]), "three\n");
+    let stamped = node.kube.ok(&["logs", "printer", "--timestamps"]);
+    let lines: Vec<&str> = stamped.lines().collect();
+    assert_eq!(lines.len(), 3, "{stamped}");
+    for (line, text) in lines.iter().zip(["one", "two", "three"]) {
+        let (ts, rest) = line.split_once(' ').unwrap_or_default();
+        assert_eq!(rest, text, "{line}");
+        assert!(
+            ts.parse::<jiff::Timestamp>().is_ok() && ts.ends_with('Z'),
+            "RFC 3339 timestamp: {line}"
+        );
+    }
+
+    // Two containers: -c picks one; without it the apiserver names the choices (kubectl
+    // itself picks the first container and says so).
+    node.wait_pod("two", "Running", running);
+    let second = node.logs_until(&["two", "-c", "second"], |o| !o.is_empty());
+    assert_eq!(second, "from second\n");
+    let out = node.kube.kubectl_output(
+        &["get", "--raw", "/api/v1/namespaces/default/pods/two/log"],
+        None,
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "a container name must be specified for pod two, choose one of: [first second]"
+        ),
+        "{stderr}"
+    );
+    node.logs_until(&["two", "-c", "first"], |o| !o.is_empty());
+    let out = node.kube.kubectl_output(&["logs", "two"], None);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "from first\n");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Defaulted container \"first\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = node.kube.fails(&["logs", "two", "-c", "third"], None);
+    assert!(
+        stderr.contains("container third is not valid for pod two"),
+        "{stderr}"
+    );
+
+    // -f: the lines the container prints after kubectl started arrive while it follows.
+    node.wait_pod("ticker", "Running", running);
+    node.logs_until(&["ticker"], |o| o.lines().any(|l| tick(l).is_some()));
+    let mut follower = node
+        .kube
+        .command(&["logs", "-f", "ticker", "--tail=1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl logs -f");
+    let stdout = follower.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let first = rx.recv_timeout(FOLLOW_TIMEOUT).expect("a first line");
+    let first = tick(&first).unwrap_or_else(|| panic!("a tick line: {first:?}"));
+    let deadline = Instant::now() + FOLLOW_TIMEOUT;
+    let mut last = first;
+    while last < first + 3 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("kubectl logs -f stopped at tick {last}"));
+        let n = tick(&line).unwrap_or_else(|| panic!("a tick line: {line:?}"));
+        assert_eq!(n, last + 1, "lines in order, none lost");
+        last = n;
+    }
+    assert!(
+        follower.try_wait().expect("wait").is_none(),
+        "kubectl logs -f still follows"
+    );
+    let _ = follower.kill();
+    let _ = follower.wait();
+
+    // --previous: the log of the run before the restart.
+    node.pod(
+        "restarter",
+        &[(
+            "restarter",
+            "echo run at $(cat /proc/uptime); sleep 1; exit 1",
+        )],
+    );
+    let deadline = Instant::now() + POD_TIMEOUT;
+    loop {
+        let out = node.kube.ok(&[
+            "get",
+            "pod",
+            "restarter",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].restartCount}",
+        ]);
+        if out.trim().parse::<u32>().unwrap_or(0) >= 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never restarted\n{}",
+            tail(&node.kube.log())
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let previous = node.logs_until(&["restarter", "--previous"], |o| o.starts_with("run at "));
+    let current = node.logs_until(&["restarter"], |o| o.starts_with("run at "));
+    assert_eq!(previous.lines().count(), 1, "{previous}");
+    assert_ne!(previous, current, "a different run's output");
+}
+
+#[test]
+fn logs_need_pods_log_at_the_apiserver_and_credentials_at_the_kubelet() {
+    if missing_prerequisite() {
+        return;
+    }
+    let node = Node::start();
+    import_busybox(&node);
+    node.pod("printer", &[("printer", "echo secret; exec sleep 3600")]);
+    node.wait_pod("printer", "Running", running);
+    node.logs_until(&["printer"], |o| o == "secret\n");
+
+    // alice may read pods but not their logs.
+    let server = node.kube.ok(&[
+        "config",
+        "view",
+        "--raw",
+        "-o",
+        "jsonpath={.clusters[0].cluster.server}",
+    ]);
+    let alice = node.kube.path("alice.kubeconfig");
+    let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
+        .args(["kubeconfig", "--data-dir"])
+        .arg(node.data())
+        .args(["--server", &server, "--user", "alice", "--out"])
+        .arg(&alice)
+        .output()
+        .expect("skerry kubeconfig");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    node.kube.ok(&[
+        "create",
+        "role",
+        "pod-reader",
+        "--verb=get,list",
+        "--resource=pods",
+    ]);
+    node.kube.ok(&[
+        "create",
+        "rolebinding",
+        "alice-reads-pods",
+        "--role=pod-reader",
+        "--user=alice",
+    ]);
+    let as_alice = |args: &[&str]| {
+        let mut all = vec!["--kubeconfig", alice.to_str().expect("UTF-8 path")];
+        all.extend(args);
+        node.kube.kubectl_output(&all, None)
+    };
+    let deadline = Instant::now() + POD_TIMEOUT;
+    while !as_alice(&["get", "pod", "printer"]).status.success() {
+        assert!(Instant::now() < deadline, "alice never could read pods");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = as_alice(&["logs", "printer"]);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "nothing of the log leaks");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "pods \"printer\" is forbidden: User \"alice\" cannot get resource \"pods/log\" in API group \"\" in the namespace \"default\""
+        ),
+        "{stderr}"
+    );
+    let out = as_alice(&[
+        "get",
+        "--raw",
+        "/api/v1/namespaces/default/pods/printer/log",
+        "-v=6",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("403 Forbidden"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The kubelet's port: no credentials is 401; alice's certificate (no nodes/proxy) 403;
+    // the admin's (system:masters) reads the log.
+    let path = "/containerLogs/default/printer/printer";
+    assert_eq!(
+        curl_kubelet(&node, path, None),
+        ("401".to_string(), "Unauthorized".to_string())
+    );
+    let alice_cert = client_cert(&node, &alice, "alice");
+    assert_eq!(
+        curl_kubelet(&node, path, Some(&alice_cert)),
+        (
+            "403".to_string(),
+            "Forbidden (user=alice, verb=get, resource=nodes, subresource=proxy)".to_string()
+        )
+    );
+    let admin_cert = client_cert(&node, &node.kube.kubeconfig, "admin");
+    assert_eq!(
+        curl_kubelet(&node, path, Some(&admin_cert)),
+        ("200".to_string(), "secret\n".to_string())
+    );
+    let (code, body) = curl_kubelet(&node, "/pods", Some(&admin_cert));
+    assert_eq!(code, "200");
+    let pods: Value = serde_json::from_str(&body).expect("PodList JSON");
+    assert_eq!(pods["kind"], "PodList");
+    assert!(
+        pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["metadata"]["name"] == "printer"),
+        "{body}"
+    );
+}
