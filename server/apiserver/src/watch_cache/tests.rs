@@ -330,15 +330,23 @@ async fn a_slow_watcher_is_cut_off_without_blocking_the_others() {
     let rv = cache.resource_version();
     let mut slow = cache.watch(live_from(rv)).await.expect("watch");
     let mut fast = cache.watch(live_from(rv)).await.expect("watch");
+    // The fast watcher reads each event before the next put (on a loaded machine a reader
+    // task may otherwise not run at all during ten quick puts, and be cut off too); the slow
+    // one never reads, so its queue of 4 overflows on the fifth event.
+    let (read_tx, mut read_rx) = tokio::sync::mpsc::unbounded_channel();
     let reader = tokio::spawn(async move {
         let mut names = Vec::new();
         for _ in 0..10 {
             names.push(next(&mut fast).await["object"]["metadata"]["name"].clone());
+            let _ = read_tx.send(());
         }
         names
     });
     for i in 0..10 {
         put_pod(&store, "ns", &format!("p{i}"), "web").await;
+        tokio::time::timeout(WAIT, read_rx.recv())
+            .await
+            .expect("the fast watcher reads the event in time");
     }
     assert_eq!(
         reader.await.expect("reader").len(),
