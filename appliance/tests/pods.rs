@@ -431,15 +431,15 @@ fn init_containers_run_in_order_and_crashes_back_off() {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ordered"},
         "spec": {
             "hostNetwork": true, "terminationGracePeriodSeconds": 1,
-            "volumes": [{"name": "work", "emptyDir": {}}],
+            "volumes": [{"name": "shared", "emptyDir": {}}],
             "initContainers": [
-                {"name": "first", "image": IMAGE, "command": ["sh", "-c", "echo one >> /work/order"],
-                 "volumeMounts": [{"name": "work", "mountPath": "/work"}]},
-                {"name": "second", "image": IMAGE, "command": ["sh", "-c", "echo two >> /work/order"],
-                 "volumeMounts": [{"name": "work", "mountPath": "/work"}]}],
+                {"name": "first", "image": IMAGE, "command": ["sh", "-c", "echo one >> /shared/order"],
+                 "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]},
+                {"name": "second", "image": IMAGE, "command": ["sh", "-c", "echo two >> /shared/order"],
+                 "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}],
             "containers": [{"name": "main", "image": IMAGE,
-                "command": ["sh", "-c", "tr '\\n' ' ' < /work/order; echo; exec sleep 3600"],
-                "volumeMounts": [{"name": "work", "mountPath": "/work"}]}]}});
+                "command": ["sh", "-c", "tr '\\n' ' ' < /shared/order; echo; exec sleep 3600"],
+                "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}]}});
     node.kube
         .ok_in(&["apply", "-f", "-"], Some(&pod.to_string()));
     let pod = node.wait_pod("ordered", "Ready", ready);
