@@ -2,12 +2,8 @@
 //! containerd, runc, the pause image it builds), the real kubectl, a busybox image built by
 //! the test and imported with `skerry images import`.
 //!
-//! The pods use the host network: the pod network (CNI configured from the node's podCIDR)
-//! is another part of issue 18, and until it lands containerd reports `NetworkReady=false`
-//! and the kubelet refuses pod-network sandboxes with `NetworkNotReady`, as upstream does.
-//!
-//! Needs root, containerd, runc, catatonit and busybox-static: a failure under `CI=true`, a
-//! skip otherwise.
+//! The pods here use the host network; `pods_network.rs` runs them on the pod network. The
+//! node harness (start, image import, clean-up) is `common::node`.
 
 mod common;
 
@@ -17,93 +13,13 @@ use std::time::{Duration, Instant};
 
 use common::free_port;
 use common::kube::{Kube, tail};
+use common::node::{IMAGE, Node, POD_TIMEOUT, missing_prerequisite, ready, running};
 use serde_json::Value;
-use skerry_node::containerd::find_on_path;
 use skerry_node::cri::{Cri, api};
-use skerry_node::images::build;
 
-const IMAGE: &str = "skerry.test/busybox:1";
 const NODE: &str = "pods-node";
-/// How long a pod gets to reach a state (image present; a loaded 2-core box running other
-/// builds).
-const POD_TIMEOUT: Duration = Duration::from_secs(90);
-
-fn missing_prerequisite() -> bool {
-    let ok = rustix::process::geteuid().is_root()
-        && ["containerd", "containerd-shim-runc-v2", "runc"]
-            .iter()
-            .all(|b| find_on_path(b).is_some())
-        && Path::new(build::BUSYBOX).exists()
-        && Path::new(build::CATATONIT).exists();
-    if !ok {
-        let why = "pod tests need root, containerd, runc, catatonit and busybox-static";
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
-        eprintln!("skipping: {why}");
-    }
-    !ok
-}
-
-/// A server with its node agent, stopped with SIGTERM (so it stops containerd) and its
-/// leftovers (shims, mounts) removed on drop.
-struct Node {
-    kube: Kube,
-    /// The test's own `--cgroup-root`: what is left in it is killed and removed on drop.
-    cgroup_root: String,
-}
 
 impl Node {
-    fn start() -> Node {
-        let cgroup_root = format!(
-            "/skerry-test-{}-{}",
-            std::process::id(),
-            rand::random::<u32>()
-        );
-        let kube = Kube::start_with_agent(
-            &["--hostname-override", NODE, "--cgroup-root", &cgroup_root],
-            &[],
-        );
-        Node { kube, cgroup_root }
-    }
-
-    fn data(&self) -> PathBuf {
-        self.kube.dir.path().join("data")
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.data().join("agent/run/containerd.sock")
-    }
-
-    fn pod(&self, name: &str) -> Value {
-        let out = self.kube.ok(&["get", "pod", name, "-o", "json"]);
-        serde_json::from_str(&out).expect("pod JSON")
-    }
-
-    /// Polls the pod until `ok` holds; returns it.
-    fn wait_pod(&self, name: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + POD_TIMEOUT;
-        loop {
-            let out = self
-                .kube
-                .kubectl_output(&["get", "pod", name, "-o", "json"], None);
-            if out.status.success() {
-                let pod: Value = serde_json::from_slice(&out.stdout).expect("pod JSON");
-                if ok(&pod) {
-                    return pod;
-                }
-                if Instant::now() > deadline {
-                    panic!(
-                        "pod {name} not {what} in {POD_TIMEOUT:?}: {}\n{}",
-                        serde_json::to_string_pretty(&pod["status"]).unwrap_or_default(),
-                        tail(&self.kube.log())
-                    );
-                }
-            } else if Instant::now() > deadline {
-                panic!("pod {name} not {what}\n{}", tail(&self.kube.log()));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
     fn run(&self, name: &str, command: &[&str]) {
         let mut args = vec![
             "run",
@@ -122,79 +38,6 @@ impl Node {
     }
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        let pid = self.kube._child.0.id();
-        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(40);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.kube._child.0.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        cleanup(&self.socket(), self.kube.dir.path(), &self.cgroup_root);
-    }
-}
-
-/// Kills the shims of this test's containerd and the processes left in the test's cgroups,
-/// removes those cgroups, and unmounts what the node mounted under the test's directory.
-fn cleanup(socket: &Path, dir: &Path, cgroup_root: &str) {
-    let socket = socket.display().to_string();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let text = String::from_utf8_lossy(&cmdline);
-        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        let in_test_cgroup = cgroups.lines().any(|l| {
-            l.split(':')
-                .nth(2)
-                .is_some_and(|p| p.starts_with(&format!("{cgroup_root}/")))
-        });
-        if (text.contains(&socket) || in_test_cgroup)
-            && let Some(p) = rustix::process::Pid::from_raw(pid)
-        {
-            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-        }
-    }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let prefix = dir.display().to_string();
-    let mut points: Vec<&str> = mounts
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(&prefix))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for p in points {
-        let _ = rustix::mount::unmount(p, rustix::mount::UnmountFlags::DETACH);
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    let mut roots = vec![PathBuf::from("/sys/fs/cgroup").join(cgroup_root.trim_start_matches('/'))];
-    for entry in std::fs::read_dir("/sys/fs/cgroup")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        roots.push(entry.path().join(cgroup_root.trim_start_matches('/')));
-    }
-    for root in roots {
-        remove_cgroup_tree(&root);
-    }
-}
-
-fn remove_cgroup_tree(dir: &Path) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_cgroup_tree(&entry.path());
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
-}
-
 fn cri_containers(socket: &Path, uid: &str) -> Vec<api::Container> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -209,53 +52,6 @@ fn cri_containers(socket: &Path, uid: &str) -> Vec<api::Container> {
         .await
         .expect("ListContainers")
     })
-}
-
-fn import_busybox(node: &Node) {
-    let archive = node.kube.dir.path().join("busybox.tar");
-    build::busybox_image(Path::new(build::BUSYBOX), IMAGE)
-        .expect("image")
-        .write_oci_archive(&archive)
-        .expect("write");
-    // containerd is up once the node registered.
-    let deadline = Instant::now() + POD_TIMEOUT;
-    while !node
-        .kube
-        .kubectl_output(&["get", "node", NODE], None)
-        .status
-        .success()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "node not registered\n{}",
-            tail(&node.kube.log())
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
-        .args(["images", "import", "--data-dir"])
-        .arg(node.data())
-        .arg(&archive)
-        .output()
-        .expect("skerry images import");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn running(p: &Value) -> bool {
-    p["status"]["phase"] == "Running" && p["status"]["podIP"].is_string()
-}
-
-fn ready(p: &Value) -> bool {
-    running(p)
-        && p["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
 }
 
 fn log_file(node: &Node, pod: &Value, container: &str, restart: u32) -> PathBuf {
@@ -303,8 +99,8 @@ fn pods_run_log_and_stop_for_real() {
     if missing_prerequisite() {
         return;
     }
-    let node = Node::start();
-    import_busybox(&node);
+    let node = Node::start(NODE);
+    node.import_busybox();
 
     // A pod that prints and sleeps: Running with the node's IP, its output in a CRI log file.
     let created = Instant::now();
@@ -424,8 +220,8 @@ fn init_containers_run_in_order_and_crashes_back_off() {
     if missing_prerequisite() {
         return;
     }
-    let node = Node::start();
-    import_busybox(&node);
+    let node = Node::start(NODE);
+    node.import_busybox();
 
     let pod = serde_json::json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ordered"},

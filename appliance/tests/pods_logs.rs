@@ -4,9 +4,7 @@
 //! containers write (real containerd, a busybox image built by the test, host-network pods
 //! as in `pods.rs`). Then who may not: a user without `pods/log` at the apiserver, and at
 //! the kubelet's port a caller without credentials or without `nodes/proxy`.
-//!
-//! Needs root, containerd, runc, catatonit and busybox-static: a failure under `CI=true`, a
-//! skip otherwise.
+//! The node harness is `common::node`.
 
 mod common;
 
@@ -17,110 +15,18 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::free_port;
-use common::kube::{Kube, tail};
+use common::kube::tail;
+use common::node::{IMAGE, Node, POD_TIMEOUT, missing_prerequisite};
 use serde_json::Value;
-use skerry_node::containerd::find_on_path;
-use skerry_node::images::build;
 
-const IMAGE: &str = "skerry.test/busybox:1";
 const NODE: &str = "logs-node";
-/// How long a pod gets to reach a state (image present; a loaded 2-core box running other
-/// builds).
-const POD_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long `kubectl logs -f` gets to show a line the container printed after it started
 /// (the pod prints one a second).
 const FOLLOW_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn missing_prerequisite() -> bool {
-    let ok = rustix::process::geteuid().is_root()
-        && ["containerd", "containerd-shim-runc-v2", "runc"]
-            .iter()
-            .all(|b| find_on_path(b).is_some())
-        && Path::new(build::BUSYBOX).exists()
-        && Path::new(build::CATATONIT).exists();
-    if !ok {
-        let why = "pod log tests need root, containerd, runc, catatonit and busybox-static";
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
-        eprintln!("skipping: {why}");
-    }
-    !ok
-}
-
-/// A server with its node agent and the kubelet's API on `kubelet_port`, stopped with
-/// SIGTERM (so it stops containerd) and its leftovers (shims, mounts, cgroups) removed on
-/// drop.
-struct Node {
-    kube: Kube,
-    kubelet_port: u16,
-    cgroup_root: String,
-}
-
 impl Node {
-    fn start() -> Node {
-        let cgroup_root = format!(
-            "/skerry-test-{}-{}",
-            std::process::id(),
-            rand::random::<u32>()
-        );
-        let kubelet_port = free_port();
-        let kube = Kube::start_with_agent(
-            &[
-                "--hostname-override",
-                NODE,
-                "--cgroup-root",
-                &cgroup_root,
-                "--kubelet-port",
-                &kubelet_port.to_string(),
-            ],
-            &[],
-        );
-        Node {
-            kube,
-            kubelet_port,
-            cgroup_root,
-        }
-    }
-
-    fn data(&self) -> PathBuf {
-        self.kube.dir.path().join("data")
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.data().join("agent/run/containerd.sock")
-    }
-
-    /// Polls the pod until `ok` holds; returns it.
-    fn wait_pod(&self, name: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + POD_TIMEOUT;
-        loop {
-            let out = self
-                .kube
-                .kubectl_output(&["get", "pod", name, "-o", "json"], None);
-            if out.status.success() {
-                let pod: Value = serde_json::from_slice(&out.stdout).expect("pod JSON");
-                if ok(&pod) {
-                    return pod;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "pod {name} not {what} in {POD_TIMEOUT:?}: {}\n{}",
-                    serde_json::to_string_pretty(&pod["status"]).unwrap_or_default(),
-                    tail(&self.kube.log())
-                );
-            } else {
-                assert!(
-                    Instant::now() < deadline,
-                    "pod {name} not {what}\n{}",
-                    tail(&self.kube.log())
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
     /// Applies a host-network pod of `containers` (name, shell script).
-    fn pod(&self, name: &str, containers: &[(&str, &str)]) {
+    fn apply_pod(&self, name: &str, containers: &[(&str, &str)]) {
         let containers: Vec<Value> = containers
             .iter()
             .map(|(n, script)| {
@@ -156,114 +62,6 @@ impl Node {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let pid = self.kube._child.0.id();
-        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(40);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.kube._child.0.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        cleanup(&self.socket(), self.kube.dir.path(), &self.cgroup_root);
-    }
-}
-
-/// Kills the shims of this test's containerd and the processes left in the test's cgroups,
-/// removes those cgroups, and unmounts what the node mounted under the test's directory (as
-/// `pods.rs` does).
-fn cleanup(socket: &Path, dir: &Path, cgroup_root: &str) {
-    let socket = socket.display().to_string();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let text = String::from_utf8_lossy(&cmdline);
-        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        let in_test_cgroup = cgroups.lines().any(|l| {
-            l.split(':')
-                .nth(2)
-                .is_some_and(|p| p.starts_with(&format!("{cgroup_root}/")))
-        });
-        if (text.contains(&socket) || in_test_cgroup)
-            && let Some(p) = rustix::process::Pid::from_raw(pid)
-        {
-            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-        }
-    }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let prefix = dir.display().to_string();
-    let mut points: Vec<&str> = mounts
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(&prefix))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for p in points {
-        let _ = rustix::mount::unmount(p, rustix::mount::UnmountFlags::DETACH);
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    let mut roots = vec![PathBuf::from("/sys/fs/cgroup").join(cgroup_root.trim_start_matches('/'))];
-    for entry in std::fs::read_dir("/sys/fs/cgroup")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        roots.push(entry.path().join(cgroup_root.trim_start_matches('/')));
-    }
-    for root in roots {
-        remove_cgroup_tree(&root);
-    }
-}
-
-fn remove_cgroup_tree(dir: &Path) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_cgroup_tree(&entry.path());
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
-}
-
-fn import_busybox(node: &Node) {
-    let archive = node.kube.dir.path().join("busybox.tar");
-    build::busybox_image(Path::new(build::BUSYBOX), IMAGE)
-        .expect("image")
-        .write_oci_archive(&archive)
-        .expect("write");
-    // containerd is up once the node registered.
-    let deadline = Instant::now() + POD_TIMEOUT;
-    while !node
-        .kube
-        .kubectl_output(&["get", "node", NODE], None)
-        .status
-        .success()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "node not registered\n{}",
-            tail(&node.kube.log())
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
-        .args(["images", "import", "--data-dir"])
-        .arg(node.data())
-        .arg(&archive)
-        .output()
-        .expect("skerry images import");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn running(p: &Value) -> bool {
@@ -323,8 +121,8 @@ fn kubectl_logs_reads_the_containers_output_through_the_kubelet() {
     if missing_prerequisite() {
         return;
     }
-    let node = Node::start();
-    import_busybox(&node);
+    let node = Node::start(NODE);
+    node.import_busybox();
 
     // The Node publishes the port its kubelet serves.
     let n: Value = serde_json::from_str(&node.kube.ok(&["get", "node", NODE, "-o", "json"]))
@@ -334,18 +132,18 @@ fn kubectl_logs_reads_the_containers_output_through_the_kubelet() {
         node.kubelet_port
     );
 
-    node.pod(
+    node.apply_pod(
         "printer",
         &[("printer", "echo one; echo two; echo three; exec sleep 3600")],
     );
-    node.pod(
+    node.apply_pod(
         "ticker",
         &[(
             "ticker",
             "i=0; while true; do i=$((i+1)); echo tick $i; sleep 1; done",
         )],
     );
-    node.pod(
+    node.apply_pod(
         "two",
         &[
             ("first", "echo from first; exec sleep 3600"),
@@ -443,7 +241,7 @@ fn kubectl_logs_reads_the_containers_output_through_the_kubelet() {
     let _ = follower.wait();
 
     // --previous: the log of the run before the restart.
-    node.pod(
+    node.apply_pod(
         "restarter",
         &[(
             "restarter",
@@ -480,9 +278,9 @@ fn logs_need_pods_log_at_the_apiserver_and_credentials_at_the_kubelet() {
     if missing_prerequisite() {
         return;
     }
-    let node = Node::start();
-    import_busybox(&node);
-    node.pod("printer", &[("printer", "echo secret; exec sleep 3600")]);
+    let node = Node::start(NODE);
+    node.import_busybox();
+    node.apply_pod("printer", &[("printer", "echo secret; exec sleep 3600")]);
     node.wait_pod("printer", "Running", running);
     node.logs_until(&["printer"], |o| o == "secret\n");
 

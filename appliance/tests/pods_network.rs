@@ -13,211 +13,32 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::free_port;
-use common::kube::{Kube, tail};
+use common::kube::tail;
+use common::node::{IMAGE, Node, POD_TIMEOUT, missing, missing_prerequisite, running};
 use serde_json::{Value, json};
 use skerry_node::cni::{self, PodRange};
 use skerry_node::containerd::config::cni_bin_dir;
-use skerry_node::containerd::find_on_path;
-use skerry_node::images::build;
 
-const IMAGE: &str = "skerry.test/busybox:1";
 const NODE: &str = "podnet-node";
-/// How long a pod gets to reach a state (image present; a loaded 2-core box running other
-/// builds).
-const POD_TIMEOUT: Duration = Duration::from_secs(90);
 /// The port the test's httpd listens on inside its pod's own network namespace: any port
 /// works there, the pod has the namespace to itself.
 const HTTPD_PORT: u16 = 8080;
 
-fn missing_prerequisite() -> bool {
-    let ok = rustix::process::geteuid().is_root()
-        && ["containerd", "containerd-shim-runc-v2", "runc"]
-            .iter()
-            .all(|b| find_on_path(b).is_some())
-        && Path::new(build::BUSYBOX).exists()
-        && Path::new(build::CATATONIT).exists()
-        && cni::missing_plugins(&cni_bin_dir()).is_empty();
-    if !ok {
-        let why = "pod network tests need root, containerd, runc, catatonit, busybox-static and containernetworking-plugins";
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
-        eprintln!("skipping: {why}");
-    }
-    !ok
-}
+/// Removes what the CNI plugins leave on the host after their pods are gone: the bridge
+/// (`bridge` never deletes it) and `portmap`'s top-level NAT chains and the jumps to them
+/// (its DEL removes only the pod's own `CNI-DN-*` chain).
+struct PluginLeftovers;
 
-/// A server with its node agent, stopped with SIGTERM (so it stops containerd) and its
-/// leftovers (shims, mounts) removed on drop.
-struct Node {
-    kube: Kube,
-    /// The test's own `--cgroup-root`: what is left in it is killed and removed on drop.
-    cgroup_root: String,
-}
-
-impl Node {
-    fn start() -> Node {
-        let cgroup_root = format!(
-            "/skerry-test-{}-{}",
-            std::process::id(),
-            rand::random::<u32>()
-        );
-        let kube = Kube::start_with_agent(
-            &["--hostname-override", NODE, "--cgroup-root", &cgroup_root],
-            &[],
-        );
-        Node { kube, cgroup_root }
-    }
-
-    fn data(&self) -> PathBuf {
-        self.kube.dir.path().join("data")
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.data().join("agent/run/containerd.sock")
-    }
-
-    /// Polls the pod until `ok` holds; returns it.
-    fn wait_pod(&self, name: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + POD_TIMEOUT;
-        loop {
-            let out = self
-                .kube
-                .kubectl_output(&["get", "pod", name, "-o", "json"], None);
-            if out.status.success() {
-                let pod: Value = serde_json::from_slice(&out.stdout).expect("pod JSON");
-                if ok(&pod) {
-                    return pod;
-                }
-                if Instant::now() > deadline {
-                    panic!(
-                        "pod {name} not {what} in {POD_TIMEOUT:?}: {}\n{}",
-                        serde_json::to_string_pretty(&pod["status"]).unwrap_or_default(),
-                        tail(&self.kube.log())
-                    );
-                }
-            } else if Instant::now() > deadline {
-                panic!("pod {name} not {what}\n{}", tail(&self.kube.log()));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Node {
+impl Drop for PluginLeftovers {
     fn drop(&mut self) {
-        let pid = self.kube._child.0.id();
-        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(40);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.kube._child.0.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        cleanup(&self.socket(), self.kube.dir.path(), &self.cgroup_root);
         remove_plugin_leftovers();
     }
 }
 
-/// Kills the shims of this test's containerd and the processes left in the test's cgroups,
-/// removes those cgroups, and unmounts what the node mounted under the test's directory.
-fn cleanup(socket: &Path, dir: &Path, cgroup_root: &str) {
-    let socket = socket.display().to_string();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let text = String::from_utf8_lossy(&cmdline);
-        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        let in_test_cgroup = cgroups.lines().any(|l| {
-            l.split(':')
-                .nth(2)
-                .is_some_and(|p| p.starts_with(&format!("{cgroup_root}/")))
-        });
-        if (text.contains(&socket) || in_test_cgroup)
-            && let Some(p) = rustix::process::Pid::from_raw(pid)
-        {
-            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-        }
-    }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let prefix = dir.display().to_string();
-    let mut points: Vec<&str> = mounts
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(&prefix))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for p in points {
-        let _ = rustix::mount::unmount(p, rustix::mount::UnmountFlags::DETACH);
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    let mut roots = vec![PathBuf::from("/sys/fs/cgroup").join(cgroup_root.trim_start_matches('/'))];
-    for entry in std::fs::read_dir("/sys/fs/cgroup")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        roots.push(entry.path().join(cgroup_root.trim_start_matches('/')));
-    }
-    for root in roots {
-        remove_cgroup_tree(&root);
-    }
-}
-
-fn remove_cgroup_tree(dir: &Path) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_cgroup_tree(&entry.path());
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
-}
-
-fn import_busybox(node: &Node) {
-    let archive = node.kube.dir.path().join("busybox.tar");
-    build::busybox_image(Path::new(build::BUSYBOX), IMAGE)
-        .expect("image")
-        .write_oci_archive(&archive)
-        .expect("write");
-    // containerd is up once the node registered.
-    let deadline = Instant::now() + POD_TIMEOUT;
-    while !node
-        .kube
-        .kubectl_output(&["get", "node", NODE], None)
-        .status
-        .success()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "node not registered\n{}",
-            tail(&node.kube.log())
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
-        .args(["images", "import", "--data-dir"])
-        .arg(node.data())
-        .arg(&archive)
-        .output()
-        .expect("skerry images import");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Removes what the CNI plugins leave on the host after their pods are gone: the bridge
-/// (`bridge` never deletes it) and `portmap`'s top-level NAT chains and the jumps to them
-/// (its DEL removes only the pod's own `CNI-DN-*` chain).
 fn remove_plugin_leftovers() {
     let _ = Command::new("ip")
         .args(["link", "del", cni::BRIDGE_DEFAULT])
@@ -286,10 +107,6 @@ fn pod_ip(p: &Value) -> Option<&str> {
     p["status"]["podIP"].as_str()
 }
 
-fn running(p: &Value) -> bool {
-    p["status"]["phase"] == "Running" && pod_ip(p).is_some()
-}
-
 /// Waits until the Node has a podCIDR and is Ready (the network configured); returns the range.
 fn wait_pod_network(node: &Node) -> PodRange {
     let deadline = Instant::now() + POD_TIMEOUT;
@@ -352,11 +169,19 @@ fn reserved_ips(node: &Node) -> Vec<String> {
 
 #[test]
 fn pods_get_pod_ips_reach_each_other_and_release_them() {
-    if missing_prerequisite() {
+    if missing_prerequisite()
+        || missing(
+            "pod network tests need containernetworking-plugins",
+            cni::missing_plugins(&cni_bin_dir()).is_empty(),
+        )
+    {
         return;
     }
-    let node = Node::start();
-    import_busybox(&node);
+    // Declared before the node, so dropped after it: the plugins' leftovers go once the
+    // node has stopped and its pods are gone.
+    let _leftovers = PluginLeftovers;
+    let node = Node::start(NODE);
+    node.import_busybox();
     let range = wait_pod_network(&node);
 
     // A web server on the pod network, with a hostPort.

@@ -10,6 +10,7 @@
 )]
 
 pub mod kube;
+pub mod node;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;

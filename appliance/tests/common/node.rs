@@ -1,0 +1,252 @@
+//! The node side of the real-binary tests: [`Node`] runs `skerry server` with its node agent
+//! (its own supervised containerd, runc, the pause image it builds) under a cgroup root and a
+//! kubelet port of its own, imports the tests' busybox image, waits for pods, and on drop stops
+//! the server with SIGTERM and removes what containerd and runc leave behind (shims, mounts,
+//! cgroups), so a failing test leaves nothing running.
+//!
+//! These tests need root, containerd, runc, catatonit and busybox-static: a failure under
+//! `CI=true` (a run that only skipped proves nothing), a skip otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use skerry_node::containerd::find_on_path;
+use skerry_node::images::build;
+
+use super::free_port;
+use super::kube::{Kube, tail};
+
+/// The image the tests build from busybox-static and import.
+pub const IMAGE: &str = "skerry.test/busybox:1";
+/// How long a pod gets to reach a state (image present; a loaded 2-core box running other
+/// builds).
+pub const POD_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a stopping server gets to stop its containerd before its leftovers are removed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(40);
+
+/// Whether a prerequisite is missing (`ok` false): under `CI=true` a failure saying `why`,
+/// otherwise a skip with that line.
+pub fn missing(why: &str, ok: bool) -> bool {
+    if !ok {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+        eprintln!("skipping: {why}");
+    }
+    !ok
+}
+
+/// Whether what every pod test needs is missing (see [`missing`]).
+pub fn missing_prerequisite() -> bool {
+    let ok = rustix::process::geteuid().is_root()
+        && ["containerd", "containerd-shim-runc-v2", "runc"]
+            .iter()
+            .all(|b| find_on_path(b).is_some())
+        && Path::new(build::BUSYBOX).exists()
+        && Path::new(build::CATATONIT).exists();
+    missing(
+        "pod tests need root, containerd, runc, catatonit and busybox-static",
+        ok,
+    )
+}
+
+/// A server with its node agent named `name` and the kubelet's API on `kubelet_port`.
+pub struct Node {
+    pub kube: Kube,
+    /// The Node's name (`--hostname-override`).
+    pub name: String,
+    /// `--kubelet-port`.
+    pub kubelet_port: u16,
+    /// The test's own `--cgroup-root`: what is left in it is killed and removed on drop.
+    cgroup_root: String,
+}
+
+impl Node {
+    pub fn start(name: &str) -> Node {
+        let cgroup_root = format!(
+            "/skerry-test-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        );
+        let kubelet_port = free_port();
+        let kube = Kube::start_with_agent(
+            &[
+                "--hostname-override",
+                name,
+                "--cgroup-root",
+                &cgroup_root,
+                "--kubelet-port",
+                &kubelet_port.to_string(),
+            ],
+            &[],
+        );
+        Node {
+            kube,
+            name: name.to_string(),
+            kubelet_port,
+            cgroup_root,
+        }
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.kube.dir.path().join("data")
+    }
+
+    /// The supervised containerd's socket.
+    pub fn socket(&self) -> PathBuf {
+        self.data().join("agent/run/containerd.sock")
+    }
+
+    pub fn pod(&self, name: &str) -> Value {
+        let out = self.kube.ok(&["get", "pod", name, "-o", "json"]);
+        serde_json::from_str(&out).expect("pod JSON")
+    }
+
+    /// Polls the pod until `ok` holds; returns it.
+    pub fn wait_pod(&self, name: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + POD_TIMEOUT;
+        loop {
+            let out = self
+                .kube
+                .kubectl_output(&["get", "pod", name, "-o", "json"], None);
+            if out.status.success() {
+                let pod: Value = serde_json::from_slice(&out.stdout).expect("pod JSON");
+                if ok(&pod) {
+                    return pod;
+                }
+                if Instant::now() > deadline {
+                    panic!(
+                        "pod {name} not {what} in {POD_TIMEOUT:?}: {}\n{}",
+                        serde_json::to_string_pretty(&pod["status"]).unwrap_or_default(),
+                        tail(&self.kube.log())
+                    );
+                }
+            } else if Instant::now() > deadline {
+                panic!("pod {name} not {what}\n{}", tail(&self.kube.log()));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Builds the busybox image and imports it with `skerry images import` once the node
+    /// (and so its containerd) is up.
+    pub fn import_busybox(&self) {
+        let archive = self.kube.dir.path().join("busybox.tar");
+        build::busybox_image(Path::new(build::BUSYBOX), IMAGE)
+            .expect("image")
+            .write_oci_archive(&archive)
+            .expect("write");
+        // containerd is up once the node registered.
+        let deadline = Instant::now() + POD_TIMEOUT;
+        while !self
+            .kube
+            .kubectl_output(&["get", "node", &self.name], None)
+            .status
+            .success()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "node not registered\n{}",
+                tail(&self.kube.log())
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
+            .args(["images", "import", "--data-dir"])
+            .arg(self.data())
+            .arg(&archive)
+            .output()
+            .expect("skerry images import");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let pid = self.kube._child.0.id();
+        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.kube._child.0.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cleanup(&self.socket(), self.kube.dir.path(), &self.cgroup_root);
+    }
+}
+
+/// Kills the shims of this test's containerd and the processes left in the test's cgroups,
+/// removes those cgroups, and unmounts what the node mounted under the test's directory.
+fn cleanup(socket: &Path, dir: &Path, cgroup_root: &str) {
+    let socket = socket.display().to_string();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&cmdline);
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        let in_test_cgroup = cgroups.lines().any(|l| {
+            l.split(':')
+                .nth(2)
+                .is_some_and(|p| p.starts_with(&format!("{cgroup_root}/")))
+        });
+        if (text.contains(&socket) || in_test_cgroup)
+            && let Some(p) = rustix::process::Pid::from_raw(pid)
+        {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let prefix = dir.display().to_string();
+    let mut points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&prefix))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        let _ = rustix::mount::unmount(p, rustix::mount::UnmountFlags::DETACH);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let mut roots = vec![PathBuf::from("/sys/fs/cgroup").join(cgroup_root.trim_start_matches('/'))];
+    for entry in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        roots.push(entry.path().join(cgroup_root.trim_start_matches('/')));
+    }
+    for root in roots {
+        remove_cgroup_tree(&root);
+    }
+}
+
+fn remove_cgroup_tree(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup_tree(&entry.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+pub fn running(p: &Value) -> bool {
+    p["status"]["phase"] == "Running" && p["status"]["podIP"].is_string()
+}
+
+pub fn ready(p: &Value) -> bool {
+    running(p)
+        && p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
