@@ -14,4 +14,6 @@ pub mod kubelet;
 pub mod machine;
 pub mod nodestatus;
 pub mod server;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod volume;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use skerry_node::containerd::find_on_path;
 use skerry_node::images::build;
+use skerry_node::testing::remove_leftovers;
 
 use super::free_port;
 use super::kube::{Kube, tail};
@@ -178,64 +179,8 @@ impl Drop for Node {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        cleanup(&self.socket(), self.kube.dir.path(), &self.cgroup_root);
+        remove_leftovers(&self.socket(), self.kube.dir.path(), &self.cgroup_root);
     }
-}
-
-/// Kills the shims of this test's containerd and the processes left in the test's cgroups,
-/// removes those cgroups, and unmounts what the node mounted under the test's directory.
-fn cleanup(socket: &Path, dir: &Path, cgroup_root: &str) {
-    let socket = socket.display().to_string();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let text = String::from_utf8_lossy(&cmdline);
-        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        let in_test_cgroup = cgroups.lines().any(|l| {
-            l.split(':')
-                .nth(2)
-                .is_some_and(|p| p.starts_with(&format!("{cgroup_root}/")))
-        });
-        if (text.contains(&socket) || in_test_cgroup)
-            && let Some(p) = rustix::process::Pid::from_raw(pid)
-        {
-            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-        }
-    }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let prefix = dir.display().to_string();
-    let mut points: Vec<&str> = mounts
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(&prefix))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for p in points {
-        let _ = rustix::mount::unmount(p, rustix::mount::UnmountFlags::DETACH);
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    let mut roots = vec![PathBuf::from("/sys/fs/cgroup").join(cgroup_root.trim_start_matches('/'))];
-    for entry in std::fs::read_dir("/sys/fs/cgroup")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        roots.push(entry.path().join(cgroup_root.trim_start_matches('/')));
-    }
-    for root in roots {
-        remove_cgroup_tree(&root);
-    }
-}
-
-fn remove_cgroup_tree(dir: &Path) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_cgroup_tree(&entry.path());
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
 }
 
 pub fn running(p: &Value) -> bool {

@@ -45,6 +45,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Map, Value, json};
+use skerry_api::node::pod_cidrs;
 use skerry_client::events::{EventRecorder, RecorderOptions};
 use skerry_client::informer::{Deleted, EventHandler, SharedInformer};
 use skerry_client::reflector::ListerWatcher;
@@ -571,18 +572,6 @@ impl NodeStatusManager {
         for (kind, reason, message) in events {
             self.recorder.event(&node_ref, kind, &reason, &message);
         }
-    }
-}
-
-/// A Node's `spec.podCIDRs`, or its single `spec.podCIDR` when the list is empty.
-pub fn pod_cidrs(node: &Node) -> Vec<String> {
-    let Some(spec) = node.spec.as_ref() else {
-        return Vec::new();
-    };
-    match (&spec.pod_cidrs, &spec.pod_cidr) {
-        (Some(list), _) if !list.is_empty() => list.clone(),
-        (_, Some(one)) if !one.is_empty() => vec![one.clone()],
-        _ => Vec::new(),
     }
 }
 

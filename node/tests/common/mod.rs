@@ -9,7 +9,6 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use skerry_node::containerd::api::ContainerdApi;
 use skerry_node::containerd::{Containerd, ContainerdConfig, find_on_path};
@@ -149,76 +148,4 @@ impl Drop for TestRuntime {
     }
 }
 
-/// Kills the shims serving `socket` (and so their containers), unmounts what is mounted under
-/// `dir`, and removes the test's cgroups.
-pub fn cleanup(socket: &Path, dir: &Path, cgroup_parent: &str) {
-    let socket = socket.display().to_string();
-    if let Ok(procs) = std::fs::read_dir("/proc") {
-        for entry in procs.flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            let is_shim = args
-                .first()
-                .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"));
-            let ours = args
-                .windows(2)
-                .any(|w| w[0] == b"-address" && w[1] == socket.as_bytes());
-            // The shim's children (the containers) die with their pid namespace, or with
-            // their cgroup below.
-            if is_shim
-                && ours
-                && let Some(pid) = rustix::process::Pid::from_raw(pid)
-            {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
-        }
-    }
-    std::thread::sleep(Duration::from_millis(100));
-    // Innermost mounts first.
-    let dir = dir.display().to_string();
-    let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4).map(str::to_string))
-        .filter(|mount| mount.starts_with(&dir))
-        .collect();
-    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-    for mount in mounts {
-        let _ = rustix::mount::unmount(mount.as_str(), rustix::mount::UnmountFlags::DETACH);
-    }
-    // Containers' cgroups under the test's parent, on every v1 hierarchy and on v2.
-    if let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") {
-        let mut roots: Vec<PathBuf> = hierarchies.flatten().map(|e| e.path()).collect();
-        roots.push(PathBuf::from("/sys/fs/cgroup"));
-        for root in roots {
-            let parent = root.join(cgroup_parent.trim_start_matches('/'));
-            remove_cgroup_tree(&parent);
-        }
-    }
-}
-
-fn remove_cgroup_tree(path: &Path) {
-    if !path.is_dir() {
-        return;
-    }
-    if let Ok(children) = std::fs::read_dir(path) {
-        for child in children.flatten() {
-            if child.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup_tree(&child.path());
-            }
-        }
-    }
-    // Any process left in it is killed first.
-    if let Ok(procs) = std::fs::read_to_string(path.join("cgroup.procs")) {
-        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = std::fs::remove_dir(path);
-}
+pub use skerry_node::testing::remove_leftovers as cleanup;

@@ -20,6 +20,7 @@ pub mod defaults;
 pub mod goquote;
 pub mod kinds;
 pub mod meta;
+pub mod node;
 pub mod patch;
 pub mod pod;
 pub mod protobuf;

@@ -30,6 +30,7 @@ use std::sync::{Arc, Weak};
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use parking_lot::Mutex;
 use serde_json::json;
+use skerry_api::node::pod_cidrs;
 use skerry_client::cache::Indexer;
 use skerry_client::events::{EVENT_TYPE_WARNING, EventRecorder};
 use skerry_client::informer::{Deleted, EventHandler, SharedInformer};
@@ -363,18 +364,6 @@ impl NodeIpamConfig {
             .zip(&self.node_mask_sizes)
             .map(|(c, m)| CidrSet::new(*c, *m).expect("checked when the configuration was parsed"))
             .collect()
-    }
-}
-
-/// A Node's `spec.podCIDRs` (or its lone `spec.podCIDR`).
-pub fn pod_cidrs(node: &Node) -> Vec<String> {
-    let Some(spec) = node.spec.as_ref() else {
-        return Vec::new();
-    };
-    match (&spec.pod_cidrs, &spec.pod_cidr) {
-        (Some(list), _) if !list.is_empty() => list.clone(),
-        (_, Some(one)) if !one.is_empty() => vec![one.clone()],
-        _ => Vec::new(),
     }
 }
 

@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Node, NodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use skerry_api::node::pod_cidrs;
 use skerry_apiserver::testing::TestServer;
 use skerry_client::{Client, DeleteParams, ListParams, PostParams};
 use skerry_controllers::context::{Context, DEFAULT_RESYNC, InformerFactory};
-use skerry_controllers::nodeipam::{NodeIpamConfig, NodeIpamController, pod_cidrs};
+use skerry_controllers::nodeipam::{NodeIpamConfig, NodeIpamController};
 use tokio_util::sync::CancellationToken;
 
 use common::{admin_client, controller_client, eventually};

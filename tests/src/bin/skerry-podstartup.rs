@@ -30,6 +30,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use serde_json::{Value, json};
+use skerry_node::cni;
+use skerry_node::testing::remove_leftovers;
 
 const IMAGE: &str = "skerry.bench/busybox:1";
 const NODE: &str = "bench-node";
@@ -129,48 +131,13 @@ impl Drop for Server {
     }
 }
 
-/// Kills the shims of this run's containerd and what is left in its cgroups, unmounts what
-/// the node mounted under the run's directory, removes the cgroups, the bridge and
-/// portmap's chains.
+/// What the run leaves behind (see `skerry_node::testing`), and the bridge the CNI plugins
+/// never delete.
 fn cleanup(socket: &Path, dir: &Path, cgroup_root: &str) {
-    let socket = socket.display().to_string();
-    for pid in pids() {
-        let cmdline = cmdline(pid);
-        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        let ours = cgroups.lines().any(|l| {
-            l.split(':')
-                .nth(2)
-                .is_some_and(|p| p.starts_with(&format!("{cgroup_root}/")))
-        });
-        if (cmdline.contains(&socket) || ours)
-            && let Some(p) = rustix::process::Pid::from_raw(pid)
-        {
-            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-        }
-    }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let prefix = dir.display().to_string();
-    let mut points: Vec<&str> = mounts
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(&prefix))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for p in points {
-        let _ = rustix::mount::unmount(p, rustix::mount::UnmountFlags::DETACH);
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    remove_cgroup_tree(&PathBuf::from("/sys/fs/cgroup").join(cgroup_root.trim_start_matches('/')));
-    let _ = Command::new("ip").args(["link", "del", "cni0"]).output();
-}
-
-fn remove_cgroup_tree(dir: &Path) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_cgroup_tree(&entry.path());
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
+    remove_leftovers(socket, dir, cgroup_root);
+    let _ = Command::new("ip")
+        .args(["link", "del", cni::BRIDGE_DEFAULT])
+        .output();
 }
 
 fn pids() -> Vec<i32> {
