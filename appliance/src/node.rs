@@ -26,6 +26,7 @@ use skerry_node::cri::Cri;
 use skerry_node::images::{self, build};
 use skerry_node::kubelet::{Kubelet, KubeletConfig};
 use skerry_node::machine::{self, Reservations};
+use skerry_node::nodestatus::address;
 use skerry_node::nodestatus::readiness::Readiness;
 use skerry_node::nodestatus::{NodeStatusConfig, NodeStatusManager, RuntimeInfo, flags};
 use skerry_node::server::KubeletServer;
@@ -222,9 +223,15 @@ pub async fn start(
         tokio::spawn(images::watch::watch_folder(api, spool, folder_stop, None));
     }
 
-    let node_name = match &args.hostname_override {
-        Some(n) => n.to_lowercase(),
-        None => hostname().to_lowercase(),
+    let node_name = match address::hostname(args.hostname_override.as_deref()) {
+        Ok(name) => name,
+        Err(e) => {
+            eprintln!("skerry: no node agent: {e}");
+            if let Some(c) = containerd {
+                c.stop().await;
+            }
+            return None;
+        }
     };
     let root_dir = args
         .root_dir
@@ -256,10 +263,14 @@ pub async fn start(
         }
         return None;
     }
-    let node_ip = match args.node_ip {
-        Some(ip) => ip,
-        None => detect_node_ip(),
-    };
+    // The address the Node publishes (the status loop computes it the same way), for the
+    // pods' hostIP and the kubelet's serving certificate; loopback when there is none, which
+    // the Node's status then reports as an error.
+    let node_ip = address::internal_ip(&node_name, args.node_ip, &node_name, Path::new("/proc"))
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "no node address; pods get the loopback as hostIP");
+            IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+        });
     // The kubelet's API: bound now, so the Node publishes the port actually served.
     let kubelet_api = match kubelet_listener(args.kubelet_port, &pki, &node_name, node_ip).await {
         Ok(l) => l,
@@ -458,24 +469,4 @@ async fn bind_node_role(admin: &Client, node: &str) {
         }
         tokio::time::sleep(API_RETRY).await;
     }
-}
-
-/// The host name (`/proc/sys/kernel/hostname`).
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".to_string())
-}
-
-/// The node's IP: the source address the kernel picks toward a documentation address (the
-/// default route's interface; a UDP connect sends nothing), else loopback.
-fn detect_node_ip() -> IpAddr {
-    let probe = || -> std::io::Result<IpAddr> {
-        let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
-        socket.connect("192.0.2.1:9")?;
-        Ok(socket.local_addr()?.ip())
-    };
-    probe().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
 }

@@ -150,6 +150,27 @@ pub fn default_route_address(proc_dir: &Path) -> Result<IpAddr, String> {
         })
 }
 
+/// The node's InternalIP: `--node-ip` (validated), an IP given as the host name, else the
+/// default route's address (the kubelet's `NodeAddress` setter without its DNS lookup).
+pub fn internal_ip(
+    node_name: &str,
+    node_ip: Option<IpAddr>,
+    hostname: &str,
+    proc_dir: &Path,
+) -> Result<IpAddr, String> {
+    match node_ip {
+        Some(ip) => {
+            validate_node_ip(ip).map_err(|e| format!("failed to validate nodeIP: {e}"))?;
+            Ok(ip)
+        }
+        None => match hostname.parse::<IpAddr>() {
+            Ok(ip) => Ok(ip),
+            Err(_) => default_route_address(proc_dir)
+                .map_err(|e| format!("can't get ip address of node {node_name}. error: {e}")),
+        },
+    }
+}
+
 /// The node's addresses: InternalIP then Hostname.
 pub fn node_addresses(
     node_name: &str,
@@ -157,17 +178,7 @@ pub fn node_addresses(
     hostname: &str,
     proc_dir: &Path,
 ) -> Result<Vec<NodeAddress>, String> {
-    let ip = match node_ip {
-        Some(ip) => {
-            validate_node_ip(ip).map_err(|e| format!("failed to validate nodeIP: {e}"))?;
-            ip
-        }
-        None => match hostname.parse::<IpAddr>() {
-            Ok(ip) => ip,
-            Err(_) => default_route_address(proc_dir)
-                .map_err(|e| format!("can't get ip address of node {node_name}. error: {e}"))?,
-        },
-    };
+    let ip = internal_ip(node_name, node_ip, hostname, proc_dir)?;
     Ok(vec![
         NodeAddress {
             type_: INTERNAL_IP.to_string(),
