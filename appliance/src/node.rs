@@ -89,8 +89,9 @@ pub struct NodeArgs {
     /// The hard eviction thresholds, subtracted from allocatable (the kubelet's default).
     #[arg(long, default_value = machine::EVICTION_HARD_DEFAULT)]
     pub eviction_hard: String,
-    /// Requests a second the kubelet sends to the apiserver (the kubelet's `kubeAPIQPS`).
-    #[arg(long, default_value_t = KUBE_API_QPS)]
+    /// Requests a second the kubelet sends to the apiserver (the kubelet's `kubeAPIQPS`; 0:
+    /// no limit).
+    #[arg(long, default_value_t = KUBE_API_QPS, value_parser = parse_qps)]
     pub kube_api_qps: f64,
     /// Requests the kubelet may send at once before the QPS applies (`kubeAPIBurst`).
     #[arg(long, default_value_t = KUBE_API_BURST)]
@@ -111,6 +112,16 @@ const KUBE_API_BURST: u32 = 100;
 /// `--register-with-taints`, parsed.
 #[derive(Clone, Debug, Default)]
 pub struct Taints(pub Vec<Taint>);
+
+/// `--kube-api-qps`: a finite number, not negative (the kubelet's `ValidateKubeletConfiguration`).
+fn parse_qps(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(qps) if qps.is_finite() && qps >= 0.0 => Ok(qps),
+        Ok(qps) if qps.is_finite() => Err("must not be a negative number".to_string()),
+        Ok(_) => Err("must be a finite number".to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
 
 fn parse_node_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
     flags::parse_node_labels(text).map_err(|e| e.0)

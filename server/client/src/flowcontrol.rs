@@ -57,7 +57,8 @@ impl TokenBucket {
         if s.tokens >= 0.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64(-s.tokens / self.qps)
+            // A vanishing QPS asks for a wait past what a Duration holds: the longest one.
+            Duration::try_from_secs_f64(-s.tokens / self.qps).unwrap_or(Duration::MAX)
         }
     }
 
@@ -100,5 +101,13 @@ mod tests {
         for _ in 0..1000 {
             assert_eq!(b.reserve(), Duration::ZERO);
         }
+    }
+
+    #[test]
+    fn a_vanishing_rate_waits_the_longest_not_panics() {
+        let b = TokenBucket::new(1e-300, 1);
+        let now = Instant::now();
+        assert_eq!(b.reserve_at(now), Duration::ZERO);
+        assert_eq!(b.reserve_at(now), Duration::MAX);
     }
 }
