@@ -5,8 +5,10 @@
 //! certificate the cluster CA issues in memory. `--container-runtime-endpoint` names any CRI
 //! runtime instead.
 //!
-//! A machine that cannot run containers (no containerd or runc, not root) still serves the
-//! control plane: one line says what to install, and the node agent stays off.
+//! A machine that cannot run containers still serves the control plane. Without root the node
+//! agent stays off; without the packages a node needs (`skerry_node::packages`) one line says
+//! what to install, and the Node registers NotReady with that reason and keeps its Lease, so
+//! the cluster sees a box that is there but runs no pods.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -28,7 +30,9 @@ use skerry_node::kubelet::{Kubelet, KubeletConfig};
 use skerry_node::machine::{self, Reservations};
 use skerry_node::nodestatus::address;
 use skerry_node::nodestatus::readiness::Readiness;
+use skerry_node::nodestatus::runtime::{self, MissingRuntime};
 use skerry_node::nodestatus::{NodeStatusConfig, NodeStatusManager, RuntimeInfo, flags};
+use skerry_node::packages;
 use skerry_node::server::KubeletServer;
 use skerry_node::server::auth::Auth;
 use tokio::sync::watch;
@@ -183,9 +187,12 @@ pub async fn start(
     if args.disable_agent {
         return None;
     }
+    // The runtime: the CRI endpoint named, else skerry's own containerd; `missing` when this
+    // box lacks the packages for one (the Node then registers NotReady and says why).
+    let mut missing = None;
     let (cri, containerd) = match &args.container_runtime_endpoint {
         Some(endpoint) => match Cri::new(endpoint) {
-            Ok(cri) => (cri, None),
+            Ok(cri) => (Some(cri), None),
             Err(e) => {
                 eprintln!("skerry: no node agent: --container-runtime-endpoint: {e}");
                 return None;
@@ -198,17 +205,25 @@ pub async fn start(
                 );
                 return None;
             }
-            match Containerd::start(ContainerdConfig {
-                data_dir: data_dir.to_path_buf(),
-                sandbox_image: args.pod_infra_container_image.clone(),
-                binary: None,
-            })
-            .await
-            {
-                Ok(c) => (c.cri().clone(), Some(c)),
-                Err(e) => {
-                    eprintln!("skerry: no node agent: {e}");
-                    return None;
+            let absent = packages::missing();
+            if !absent.is_empty() {
+                let message = packages::message(&absent);
+                eprintln!("skerry: {message}");
+                missing = Some(message);
+                (None, None)
+            } else {
+                match Containerd::start(ContainerdConfig {
+                    data_dir: data_dir.to_path_buf(),
+                    sandbox_image: args.pod_infra_container_image.clone(),
+                    binary: None,
+                })
+                .await
+                {
+                    Ok(c) => (Some(c.cri().clone()), Some(c)),
+                    Err(e) => {
+                        eprintln!("skerry: no node agent: {e}");
+                        return None;
+                    }
                 }
             }
         }
@@ -317,7 +332,10 @@ pub async fn start(
     if let Some(c) = &containerd {
         cni_config.conf_dir = c.layout().cni_conf_dir.clone();
     }
-    let runtime: Arc<dyn RuntimeInfo> = Arc::new(cri.clone());
+    let runtime: Arc<dyn RuntimeInfo> = match (&cri, &missing) {
+        (Some(cri), _) => Arc::new(cri.clone()),
+        (None, message) => Arc::new(MissingRuntime(message.clone().unwrap_or_default())),
+    };
     let status =
         match NodeStatusManager::new(client.clone(), status_config, runtime, readiness.clone()) {
             Ok(m) => Arc::new(
@@ -331,7 +349,15 @@ pub async fn start(
                 return None;
             }
         };
-    readiness.set_runtime_up();
+    // A runtime that answered at start is up; the watcher follows it from there (a dead
+    // containerd turns the node NotReady after the kubelet's 30 s, a revived one Ready).
+    match &missing {
+        Some(message) => readiness.set_runtime_down(Some(&format!(
+            "{}: {message}",
+            skerry_node::nodestatus::readiness::RUNTIME_DOWN
+        ))),
+        None => readiness.set_runtime_up(),
+    }
 
     let memory = status
         .capacity()
@@ -354,8 +380,17 @@ pub async fn start(
         let _ = stop_rx.wait_for(|s| *s).await;
         token.cancel();
     });
-    let kubelet = Kubelet::new(config, cri, client.clone(), stop.clone());
-    if let Some((listener, tls)) = kubelet_api {
+    // Without a runtime only the Node and its Lease are kept: the kubelet has nothing to run
+    // pods with, and its API nothing to serve.
+    let kubelet = cri.map(|cri| {
+        tokio::spawn(runtime::watch_health(
+            runtime::cri_status(cri.clone()),
+            readiness.clone(),
+            stop.clone(),
+        ));
+        Kubelet::new(config, cri, client.clone(), stop.clone())
+    });
+    if let (Some(kubelet), Some((listener, tls))) = (&kubelet, kubelet_api) {
         let server = KubeletServer::new(kubelet.clone(), Auth::new(&client));
         tokio::spawn(server.serve(listener, tls, stop.clone()));
     }
@@ -365,9 +400,14 @@ pub async fn start(
             () = bind_node_role(&admin, &node_name) => {}
             () = task_stop.cancelled() => return,
         }
-        tokio::spawn(status.run(task_stop.clone()));
-        info!(node = %node_name, ip = %node_ip, "node agent running");
-        kubelet.run().await;
+        match kubelet {
+            Some(kubelet) => {
+                tokio::spawn(status.run(task_stop.clone()));
+                info!(node = %node_name, ip = %node_ip, "node agent running");
+                kubelet.run().await;
+            }
+            None => status.run(task_stop).await,
+        }
     });
     Some(NodeAgent {
         task,

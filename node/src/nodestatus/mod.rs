@@ -30,7 +30,7 @@ pub mod address;
 pub mod flags;
 pub mod lease;
 pub mod readiness;
-mod runtime;
+pub mod runtime;
 pub mod setters;
 
 use std::collections::BTreeMap;
