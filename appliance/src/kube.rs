@@ -260,9 +260,14 @@ fn rand_suffix() -> u64 {
 }
 
 /// `skerry kubeconfig`: a kubeconfig from an existing PKI (never creates one).
-pub fn kubeconfig(args: KubeconfigArgs) -> Result<()> {
-    let pki_dir = match (&args.pki_dir, &args.data_dir) {
-        (Some(dir), _) => dir.clone(),
+/// The cluster PKI that `skerry server` made, from `--pki-dir`, else `<--data-dir>/pki`, else
+/// the default data dir's; an error says to start a server first.
+pub fn load_pki(
+    data_dir: Option<&std::path::Path>,
+    pki_dir: Option<&std::path::Path>,
+) -> Result<Pki> {
+    let pki_dir = match (pki_dir, data_dir) {
+        (Some(dir), _) => dir.to_path_buf(),
         (None, Some(data)) => data.join(PKI_DIR),
         (None, None) => {
             let home =
@@ -278,7 +283,11 @@ pub fn kubeconfig(args: KubeconfigArgs) -> Result<()> {
             pki_dir.display()
         );
     }
-    let pki = Pki::load_or_create(&pki_dir, &[]).context("load the PKI")?;
+    Pki::load_or_create(&pki_dir, &[]).context("load the PKI")
+}
+
+pub fn kubeconfig(args: KubeconfigArgs) -> Result<()> {
+    let pki = load_pki(args.data_dir.as_deref(), args.pki_dir.as_deref())?;
     let issued;
     let (user, cert, key) = match &args.user {
         Some(user) => {

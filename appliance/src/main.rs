@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+mod agent;
 mod client_port;
 mod fdlimit;
 mod http;
@@ -74,6 +75,12 @@ enum Command {
         #[command(subcommand)]
         command: SnapshotCommand,
     },
+    /// Run the node agent alone (containerd, the kubelet) as a node of a cluster whose API
+    /// is --server, with the credentials `skerry node-credentials` wrote.
+    Agent(Box<agent::AgentArgs>),
+    /// Issue a node's credentials for `skerry agent` from the cluster CA of this member's data
+    /// dir: a kubeconfig with its client certificate, and its kubelet serving certificate.
+    NodeCredentials(agent::NodeCredentialsArgs),
     /// Container images on this node, without a registry.
     Images {
         #[command(subcommand)]
@@ -355,6 +362,8 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Server(args) => server(*args),
         Command::Kubeconfig(args) => kube::kubeconfig(args),
+        Command::Agent(args) => agent::agent(*args),
+        Command::NodeCredentials(args) => agent::node_credentials(args),
         Command::Snapshot {
             command: SnapshotCommand::Restore { file, data_dir },
         } => {
@@ -429,16 +438,22 @@ fn data_dir_or_default(data_dir: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
-fn server(args: ServerArgs) -> Result<()> {
-    // The node's flags are checked before anything starts, as the kubelet refuses bad ones.
-    args.node.reservations().map_err(anyhow::Error::msg)?;
+/// Logs to stderr at `--log-level` (RUST_LOG overrides).
+fn init_logging(level: &str) -> Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log_level))
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .context("parse --log-level")?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    Ok(())
+}
+
+fn server(args: ServerArgs) -> Result<()> {
+    // The node's flags are checked before anything starts, as the kubelet refuses bad ones.
+    args.node.reservations().map_err(anyhow::Error::msg)?;
+    init_logging(&args.log_level)?;
     match fdlimit::raise_open_file_limit() {
         Ok(fdlimit::Raised::From(soft, hard)) => {
             info!(from = soft, to = hard, "raised the open-file limit")
@@ -622,7 +637,7 @@ fn server(args: ServerArgs) -> Result<()> {
             node_agent = node::start(
                 &args.node,
                 &data_dir,
-                started.pki,
+                node::Identity::Pki(started.pki),
                 &started.local_url,
                 stop_rx.clone(),
             )

@@ -180,7 +180,7 @@ impl NodeAgent {
 pub async fn start(
     args: &NodeArgs,
     data_dir: &Path,
-    pki: Arc<Pki>,
+    identity: Identity,
     api_url: &str,
     mut stop_rx: watch::Receiver<bool>,
 ) -> Option<NodeAgent> {
@@ -263,8 +263,9 @@ pub async fn start(
         .root_dir
         .clone()
         .unwrap_or_else(|| data_dir.join(KUBELET_DIR));
-    let clients = node_client(&pki, api_url, &node_name, args)
-        .and_then(|node| Ok((node, admin_client(&pki, api_url)?)));
+    let clients = identity
+        .node_client(api_url, &node_name, args)
+        .and_then(|node| Ok((node, identity.admin_client(api_url).transpose()?)));
     let (client, admin) = match clients {
         Ok(c) => c,
         Err(e) => {
@@ -298,16 +299,17 @@ pub async fn start(
             IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
         });
     // The kubelet's API: bound now, so the Node publishes the port actually served.
-    let kubelet_api = match kubelet_listener(args.kubelet_port, &pki, &node_name, node_ip).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("skerry: no node agent: the kubelet's API: {e:#}");
-            if let Some(c) = containerd {
-                c.stop().await;
+    let kubelet_api =
+        match kubelet_listener(args.kubelet_port, &identity, &node_name, node_ip).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("skerry: no node agent: the kubelet's API: {e:#}");
+                if let Some(c) = containerd {
+                    c.stop().await;
+                }
+                return None;
             }
-            return None;
-        }
-    };
+        };
     let mut status_config = NodeStatusConfig::new(&node_name, root_dir.clone());
     status_config.kubelet_port = kubelet_api.as_ref().map_or(0, |(l, _)| {
         l.local_addr().map_or(0, |a| i32::from(a.port()))
@@ -396,9 +398,11 @@ pub async fn start(
     }
     let task_stop = stop.clone();
     let task = tokio::spawn(async move {
-        tokio::select! {
-            () = bind_node_role(&admin, &node_name) => {}
-            () = task_stop.cancelled() => return,
+        if let Some(admin) = admin {
+            tokio::select! {
+                () = bind_node_role(&admin, &node_name) => {}
+                () = task_stop.cancelled() => return,
+            }
         }
         match kubelet {
             Some(kubelet) => {
@@ -422,7 +426,7 @@ pub async fn start(
 /// caller without one may still present a bearer token). `None` for port 0.
 async fn kubelet_listener(
     port: u16,
-    pki: &Pki,
+    identity: &Identity,
     node: &str,
     node_ip: IpAddr,
 ) -> Result<
@@ -436,13 +440,11 @@ async fn kubelet_listener(
     }
     let mut ips = vec![node_ip];
     ips.extend(crate::pki::SERVING_IPS.iter().filter(|ip| **ip != node_ip));
-    let cert = pki
-        .issue_node_serving_cert(node, &ips)
-        .context("issue the kubelet's serving certificate")?;
-    let roots = skerry_tls::config::roots([pki.ca_cert_der().clone()])?;
+    let (chain, key) = identity.serving(node, &ips)?;
+    let roots = skerry_tls::config::roots(identity.client_ca()?)?;
     let tls = skerry_tls::config::server_config(
-        cert.cert_chain()?,
-        cert.private_key()?,
+        chain,
+        key,
         skerry_tls::config::ClientAuth::Optional(Arc::new(roots)),
         &[b"http/1.1"],
     )?;
@@ -452,16 +454,127 @@ async fn kubelet_listener(
     Ok(Some((listener, Arc::new(tls))))
 }
 
-/// The kubelet's client: `system:node:<name>` in `system:nodes`.
-fn node_client(pki: &Pki, url: &str, node: &str, args: &NodeArgs) -> Result<Client> {
-    let user = format!("system:node:{node}");
-    let cert = pki
-        .issue_client_cert(&user, &["system:nodes"], LEAF_VALIDITY)
-        .with_context(|| format!("issue a client certificate for {user}"))?;
-    let mut config = client_config(pki, url, &user, cert.cert_pem, cert.key_pem);
-    config.qps = args.kube_api_qps;
-    config.burst = args.kube_api_burst;
-    Ok(Client::new(config)?)
+/// Who the node agent is, to the API and to the callers of its own API.
+pub enum Identity {
+    /// A member's own PKI (`skerry server`): the node's client certificate
+    /// (`system:node:<name>` in `system:nodes`) and its serving certificate are issued in
+    /// memory from the cluster CA for the name the node finds at start.
+    Pki(Arc<Pki>),
+    /// Files given by flags (`skerry agent`), as the upstream kubelet's `--kubeconfig`,
+    /// `--tls-cert-file`, `--tls-private-key-file` and `--client-ca-file`.
+    Files(Box<AgentCredentials>),
+}
+
+/// The credentials `skerry agent` reads from its flags' files.
+pub struct AgentCredentials {
+    /// The API client (server, CA, client certificate) from the kubeconfig, with the URL
+    /// of `--server`.
+    pub client: skerry_client::Config,
+    /// The kubelet API's certificate chain and key.
+    pub serving_chain: Vec<rustls_pki_types::CertificateDer<'static>>,
+    pub serving_key: rustls_pki_types::PrivateKeyDer<'static>,
+    /// The CAs that sign callers' client certificates (the apiserver's among them).
+    pub client_ca: Vec<rustls_pki_types::CertificateDer<'static>>,
+}
+
+impl AgentCredentials {
+    /// Reads the files: the kubeconfig's current context gives the client (its server
+    /// replaced by `server`), `client_ca` defaults to the kubeconfig's CA. An error names
+    /// the file.
+    pub fn read(
+        server: &str,
+        kubeconfig: &Path,
+        cert_file: &Path,
+        key_file: &Path,
+        client_ca: Option<&Path>,
+    ) -> Result<AgentCredentials> {
+        let mut client = skerry_client::Config::from_kubeconfig(kubeconfig)
+            .with_context(|| format!("--kubeconfig {}", kubeconfig.display()))?;
+        client.server = server.to_string();
+        use skerry_tls::config::{certs_from_pem, read_certs, read_key};
+        let chain = read_certs(cert_file, "--tls-cert-file")?;
+        let key = read_key(key_file, "--tls-private-key-file")?;
+        let client_ca = match client_ca {
+            Some(path) => read_certs(path, "--client-ca-file")?,
+            None => {
+                let pem = client.ca_pem.clone().with_context(|| {
+                    format!(
+                        "--kubeconfig {} names no certificate authority: give --client-ca-file",
+                        kubeconfig.display()
+                    )
+                })?;
+                certs_from_pem(pem.as_bytes()).map_err(|e| {
+                    anyhow::anyhow!(
+                        "--kubeconfig {}: its certificate authority: {e}",
+                        kubeconfig.display()
+                    )
+                })?
+            }
+        };
+        Ok(AgentCredentials {
+            client,
+            serving_chain: chain,
+            serving_key: key,
+            client_ca,
+        })
+    }
+}
+
+impl Identity {
+    /// The kubelet's API client, with the node's QPS and burst.
+    fn node_client(&self, url: &str, node: &str, args: &NodeArgs) -> Result<Client> {
+        let mut config = match self {
+            Identity::Pki(pki) => {
+                let user = format!("system:node:{node}");
+                let cert = pki
+                    .issue_client_cert(&user, &["system:nodes"], LEAF_VALIDITY)
+                    .with_context(|| format!("issue a client certificate for {user}"))?;
+                client_config(pki, url, &user, cert.cert_pem, cert.key_pem)
+            }
+            Identity::Files(files) => files.client.clone(),
+        };
+        config.qps = args.kube_api_qps;
+        config.burst = args.kube_api_burst;
+        Ok(Client::new(config)?)
+    }
+
+    /// The admin's client, where the identity has one (a member's PKI).
+    fn admin_client(&self, url: &str) -> Option<Result<Client>> {
+        match self {
+            Identity::Pki(pki) => Some(admin_client(pki, url)),
+            Identity::Files(_) => None,
+        }
+    }
+
+    /// The kubelet API's serving certificate chain and key.
+    fn serving(
+        &self,
+        node: &str,
+        ips: &[IpAddr],
+    ) -> Result<(
+        Vec<rustls_pki_types::CertificateDer<'static>>,
+        rustls_pki_types::PrivateKeyDer<'static>,
+    )> {
+        match self {
+            Identity::Pki(pki) => {
+                let cert = pki
+                    .issue_node_serving_cert(node, ips)
+                    .context("issue the kubelet's serving certificate")?;
+                Ok((cert.cert_chain()?, cert.private_key()?))
+            }
+            Identity::Files(files) => {
+                Ok((files.serving_chain.clone(), files.serving_key.clone_key()))
+            }
+        }
+    }
+
+    /// The CAs whose client certificates the kubelet's API accepts.
+    fn client_ca(&self) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
+        match self {
+            Identity::Pki(pki) => Ok(vec![pki.ca_cert_der().clone()]),
+            Identity::Files(files) => Ok(files.client_ca.clone()),
+        }
+    }
 }
 
 fn admin_client(pki: &Pki, url: &str) -> Result<Client> {

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::free_port;
-use common::kube::{Kube, tail};
+use common::kube::tail;
 use common::node::{IMAGE, Node, POD_TIMEOUT, missing_prerequisite, ready, running};
 use serde_json::Value;
 use skerry_node::cri::{Cri, api};
@@ -310,23 +310,4 @@ fn init_containers_run_in_order_and_crashes_back_off() {
         p["status"]["phase"], "Running",
         "restartPolicy Always keeps the phase"
     );
-}
-
-#[test]
-fn without_containerd_the_control_plane_serves_and_says_what_to_install() {
-    let kube = Kube::start_with_agent(&[], &[("PATH", "/nonexistent")]);
-    kube.ok(&["get", "--raw", "/readyz"]);
-    let log = kube.log();
-    let line = log
-        .lines()
-        .find(|l| l.starts_with("skerry: no node agent:"))
-        .unwrap_or_else(|| panic!("no line about the node agent:\n{log}"));
-    if rustix::process::geteuid().is_root() {
-        assert!(
-            line.contains("install the Debian package(s) containerd runc"),
-            "{line}"
-        );
-    } else {
-        assert!(line.contains("needs root"), "{line}");
-    }
 }
