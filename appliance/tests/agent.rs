@@ -30,6 +30,7 @@ fn api_url(kube: &Kube) -> String {
         .find_map(|l| l.trim().strip_prefix("server: "))
         .expect("a server line")
         .trim()
+        .trim_matches('"')
         .to_string()
 }
 
@@ -59,6 +60,13 @@ struct Agent {
 impl Agent {
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+
+    /// Panics with the agent's log if it has exited.
+    fn assert_alive(&mut self) {
+        if let Ok(Some(status)) = self.child.0.try_wait() {
+            panic!("skerry agent exited ({status}):\n{}", tail(&self.log()));
+        }
     }
 
     fn socket(&self) -> std::path::PathBuf {
@@ -162,7 +170,7 @@ fn an_agent_joins_a_control_plane_and_runs_its_pods() {
         .stderr(std::fs::File::create(dir.path().join("agent.log")).expect("log"))
         .spawn()
         .expect("start skerry agent");
-    let agent = Agent {
+    let mut agent = Agent {
         child: KilledOnDrop(child),
         dir,
         cgroup_root,
@@ -171,6 +179,7 @@ fn an_agent_joins_a_control_plane_and_runs_its_pods() {
     // The Node registers (the Node authorizer lets it: no binding was made).
     let deadline = Instant::now() + POD_TIMEOUT;
     loop {
+        agent.assert_alive();
         let out = kube.kubectl_output(&["get", "node", NODE, "-o", "json"], None);
         if out.status.success() {
             let node: Value = serde_json::from_slice(&out.stdout).expect("node JSON");
