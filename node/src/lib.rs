@@ -13,6 +13,7 @@ pub mod images;
 pub mod kubelet;
 pub mod machine;
 pub mod nodestatus;
+pub mod registries;
 pub mod server;
 #[cfg(feature = "testing")]
 pub mod testing;
