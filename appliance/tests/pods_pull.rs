@@ -203,97 +203,8 @@ fn pods_pull_from_registries_with_mirrors_credentials_and_policies() {
     // The pause image comes from the node itself; wait for the node before pods.
     node.wait_registered();
 
-    // The mirror: an invented registry name served by the open registry over plain HTTP,
-    // and the private registry's credentials in the file.
-    let file = format!(
-        "mirrors:\n  {MIRRORED}:\n    endpoint:\n      - \"http://{open}\"\n  {PRIVATE_MIRRORED}:\n    endpoint:\n      - \"http://{private}\"\nconfigs:\n  \"{private}\":\n    auth:\n      username: {USER}\n      password: {PASSWORD}\n",
-        open = open.host(),
-        private = private.host()
-    );
-    write_registries(&node, &file);
-    let hosts = node.data().join(format!(
-        "agent/etc/containerd/certs.d/{MIRRORED}/hosts.toml"
-    ));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !hosts.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the registries file was not rendered\n{}",
-            tail(&node.kube.log())
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-
-    // 1. Only in the registry, through the mirror: pulled and run, with the events.
-    apply_pod(
-        &node,
-        "mirrored",
-        &format!("{MIRRORED}/team/busybox:1"),
-        None,
-        None,
-    );
-    node.wait_pod("mirrored", "running", running);
-    let ev = events(&node, "mirrored");
-    assert!(
-        ev.iter()
-            .any(|e| e == &format!("Pulling: Pulling image \"{MIRRORED}/team/busybox:1\"")),
-        "{ev:?}"
-    );
-    let pulled = ev
-        .iter()
-        .find(|e| e.starts_with("Pulled: Successfully pulled image"))
-        .unwrap_or_else(|| panic!("no Pulled event: {ev:?}"));
-    assert!(
-        pulled.contains(" including waiting). Image size: ") && pulled.ends_with(" bytes."),
-        "{pulled}"
-    );
-
-    // 2. Never with the image absent: ErrImageNeverPull, no pull tried.
-    apply_pod(
-        &node,
-        "never",
-        &format!("{MIRRORED}/team/absent:1"),
-        Some("Never"),
-        None,
-    );
-    let p = wait_reason(&node, "never", "ErrImageNeverPull");
-    assert!(
-        p["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("is not present with pull policy of Never"),
-        "{p}"
-    );
-    assert!(
-        !events(&node, "never")
-            .iter()
-            .any(|e| e.starts_with("Pulling")),
-        "a Never pod pulled"
-    );
-
-    // 3. An image the registry lacks: ErrImagePull, then ImagePullBackOff.
-    apply_pod(
-        &node,
-        "absent",
-        &format!("{MIRRORED}/team/absent:1"),
-        None,
-        None,
-    );
-    wait_reason(&node, "absent", "ErrImagePull");
-    wait_reason(&node, "absent", "ImagePullBackOff");
-    let ev = events(&node, "absent");
-    assert!(
-        ev.iter()
-            .any(|e| e.starts_with("Failed: Failed to pull image")),
-        "{ev:?}"
-    );
-    assert!(
-        ev.iter()
-            .any(|e| e.starts_with("BackOff: Back-off pulling image")),
-        "{ev:?}"
-    );
-
-    // 4. The private registry by its own name: refused without credentials...
+    // 1. The private registry by its own name, before the registries file gives it credentials:
+    //    refused without credentials...
     let direct = format!("{}/team/busybox:1", private.host());
     apply_pod(&node, "no-secret", &direct, Some("Always"), None);
     wait_reason(&node, "no-secret", "ErrImagePull");
@@ -321,6 +232,96 @@ fn pods_pull_from_registries_with_mirrors_credentials_and_policies() {
     assert!(
         ["ErrImagePull", "ImagePullBackOff"].contains(&waiting_reason(&p).as_str()),
         "{p}"
+    );
+
+    // The mirror: an invented registry name served by the open registry over plain HTTP,
+    // and the private registry's credentials in the file.
+    let file = format!(
+        "mirrors:\n  {MIRRORED}:\n    endpoint:\n      - \"http://{open}\"\n  {PRIVATE_MIRRORED}:\n    endpoint:\n      - \"http://{private}\"\nconfigs:\n  \"{private}\":\n    auth:\n      username: {USER}\n      password: {PASSWORD}\n",
+        open = open.host(),
+        private = private.host()
+    );
+    write_registries(&node, &file);
+    let hosts = node.data().join(format!(
+        "agent/etc/containerd/certs.d/{MIRRORED}/hosts.toml"
+    ));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !hosts.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the registries file was not rendered\n{}",
+            tail(&node.kube.log())
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // 2. Only in the registry, through the mirror: pulled and run, with the events.
+    apply_pod(
+        &node,
+        "mirrored",
+        &format!("{MIRRORED}/team/busybox:1"),
+        None,
+        None,
+    );
+    node.wait_pod("mirrored", "running", running);
+    let ev = events(&node, "mirrored");
+    assert!(
+        ev.iter()
+            .any(|e| e == &format!("Pulling: Pulling image \"{MIRRORED}/team/busybox:1\"")),
+        "{ev:?}"
+    );
+    let pulled = ev
+        .iter()
+        .find(|e| e.starts_with("Pulled: Successfully pulled image"))
+        .unwrap_or_else(|| panic!("no Pulled event: {ev:?}"));
+    assert!(
+        pulled.contains(" including waiting). Image size: ") && pulled.ends_with(" bytes."),
+        "{pulled}"
+    );
+
+    // 3. Never with the image absent: ErrImageNeverPull, no pull tried.
+    apply_pod(
+        &node,
+        "never",
+        &format!("{MIRRORED}/team/absent:1"),
+        Some("Never"),
+        None,
+    );
+    let p = wait_reason(&node, "never", "ErrImageNeverPull");
+    assert!(
+        p["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("is not present with pull policy of Never"),
+        "{p}"
+    );
+    assert!(
+        !events(&node, "never")
+            .iter()
+            .any(|e| e.starts_with("Pulling")),
+        "a Never pod pulled"
+    );
+
+    // 4. An image the registry lacks: ErrImagePull, then ImagePullBackOff.
+    apply_pod(
+        &node,
+        "absent",
+        &format!("{MIRRORED}/team/absent:1"),
+        None,
+        None,
+    );
+    wait_reason(&node, "absent", "ErrImagePull");
+    wait_reason(&node, "absent", "ImagePullBackOff");
+    let ev = events(&node, "absent");
+    assert!(
+        ev.iter()
+            .any(|e| e.starts_with("Failed: Failed to pull image")),
+        "{ev:?}"
+    );
+    assert!(
+        ev.iter()
+            .any(|e| e.starts_with("BackOff: Back-off pulling image")),
+        "{ev:?}"
     );
 
     // 5. The registries file's credentials for the mirror of the private registry.

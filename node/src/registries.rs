@@ -484,7 +484,8 @@ pub struct Watcher {
     path: PathBuf,
     hosts_dir: Option<PathBuf>,
     registries: Registries,
-    seen: Option<(u64, SystemTime)>,
+    /// The (size, mtime) of the file at the last load (`Some(None)`: there was none).
+    seen: Option<Option<(u64, SystemTime)>>,
 }
 
 impl Watcher {
@@ -503,11 +504,11 @@ impl Watcher {
         let stamp = std::fs::metadata(&self.path)
             .ok()
             .map(|m| (m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)));
-        if self.seen.is_some() && self.seen == stamp {
+        if self.seen == Some(stamp) {
             return Ok(());
         }
         let first = self.seen.is_none();
-        self.seen = Some(stamp.unwrap_or((0, SystemTime::UNIX_EPOCH)));
+        self.seen = Some(stamp);
         let (file, result) = match load(&self.path) {
             Ok(file) => (file.unwrap_or_default(), Ok(())),
             Err(e) => (RegistriesFile::default(), Err(e)),
