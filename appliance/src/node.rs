@@ -26,6 +26,7 @@ use skerry_node::containerd::config::cni_bin_dir;
 use skerry_node::containerd::{Containerd, ContainerdConfig};
 use skerry_node::cri::Cri;
 use skerry_node::images::{self, build};
+use skerry_node::kubelet::log_rotation::LogPolicy;
 use skerry_node::kubelet::{Kubelet, KubeletConfig};
 use skerry_node::machine::{self, Reservations};
 use skerry_node::nodestatus::address;
@@ -33,6 +34,7 @@ use skerry_node::nodestatus::readiness::Readiness;
 use skerry_node::nodestatus::runtime::{self, MissingRuntime};
 use skerry_node::nodestatus::{NodeStatusConfig, NodeStatusManager, RuntimeInfo, flags};
 use skerry_node::packages;
+use skerry_node::registries::{self, Registries};
 use skerry_node::server::KubeletServer;
 use skerry_node::server::auth::Auth;
 use tokio::sync::watch;
@@ -103,6 +105,16 @@ pub struct NodeArgs {
     /// The port of the kubelet's HTTPS API (logs for `kubectl logs`); 0 serves none.
     #[arg(long, default_value_t = skerry_node::server::DEFAULT_PORT)]
     pub kubelet_port: u16,
+    /// The registries file (k3s's format: mirrors, credentials, TLS) [default:
+    /// <data-dir>/agent/registries.yaml]; re-read when it changes.
+    #[arg(long)]
+    pub private_registry: Option<PathBuf>,
+    /// A container's log is rotated once it is this big (a quantity: 10Mi).
+    #[arg(long, default_value = "10Mi")]
+    pub container_log_max_size: String,
+    /// The most log files kept per container, the current one included (at least 2).
+    #[arg(long, default_value_t = skerry_node::kubelet::log_rotation::DEFAULT_MAX_FILES)]
+    pub container_log_max_files: usize,
 }
 
 /// The kubelet's own client limits, not client-go's 5/10: every pod start writes its status
@@ -361,6 +373,35 @@ pub async fn start(
         None => readiness.set_runtime_up(),
     }
 
+    let log_policy =
+        match LogPolicy::new(&args.container_log_max_size, args.container_log_max_files) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("skerry: no node agent: {e}");
+                if let Some(c) = containerd {
+                    c.stop().await;
+                }
+                return None;
+            }
+        };
+    // The registries file: rendered into the supervised containerd's hosts directory (read
+    // by containerd at every pull, so no restart) and its credentials given to the kubelet.
+    // A file that cannot be used is one line, and the node runs without it.
+    let registries = Registries::new();
+    let mut registries_watcher = registries::Watcher::new(
+        args.private_registry
+            .clone()
+            .unwrap_or_else(|| data_dir.join("agent").join(registries::DEFAULT_FILE)),
+        containerd
+            .as_ref()
+            .map(|c| c.layout().registry_config_dir.clone()),
+        registries.clone(),
+    );
+    if let Err(e) = registries_watcher.reload() {
+        eprintln!("skerry: {e}; running with no registry configuration");
+    }
+    tokio::spawn(registries_watcher.run(stop.clone()));
+
     let memory = status
         .capacity()
         .get("memory")
@@ -376,6 +417,8 @@ pub async fn start(
         allocatable: machine::to_api(status.allocatable()),
         resolv_conf: PathBuf::from("/etc/resolv.conf"),
         hosts_file: PathBuf::from("/etc/hosts"),
+        registries,
+        log_policy,
     };
     let token = stop.clone();
     tokio::spawn(async move {

@@ -14,6 +14,7 @@ pub mod kubelet;
 pub mod machine;
 pub mod nodestatus;
 pub mod packages;
+pub mod registries;
 pub mod server;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -64,23 +64,28 @@ pub struct Node {
 
 impl Node {
     pub fn start(name: &str) -> Node {
+        Node::start_with(name, &[])
+    }
+
+    /// [`Node::start`] with more flags of `skerry server`.
+    pub fn start_with(name: &str, extra: &[&str]) -> Node {
         let cgroup_root = format!(
             "/skerry-test-{}-{}",
             std::process::id(),
             rand::random::<u32>()
         );
         let kubelet_port = free_port();
-        let kube = Kube::start_with_agent(
-            &[
-                "--hostname-override",
-                name,
-                "--cgroup-root",
-                &cgroup_root,
-                "--kubelet-port",
-                &kubelet_port.to_string(),
-            ],
-            &[],
-        );
+        let port = kubelet_port.to_string();
+        let mut args = vec![
+            "--hostname-override",
+            name,
+            "--cgroup-root",
+            &cgroup_root,
+            "--kubelet-port",
+            &port,
+        ];
+        args.extend(extra);
+        let kube = Kube::start_with_agent(&args, &[]);
         Node {
             kube,
             name: name.to_string(),
@@ -129,15 +134,8 @@ impl Node {
         }
     }
 
-    /// Builds the busybox image and imports it with `skerry images import` once the node
-    /// (and so its containerd) is up.
-    pub fn import_busybox(&self) {
-        let archive = self.kube.dir.path().join("busybox.tar");
-        build::busybox_image(Path::new(build::BUSYBOX), IMAGE)
-            .expect("image")
-            .write_oci_archive(&archive)
-            .expect("write");
-        // containerd is up once the node registered.
+    /// Waits until the Node is registered (and so its containerd is up).
+    pub fn wait_registered(&self) {
         let deadline = Instant::now() + POD_TIMEOUT;
         while !self
             .kube
@@ -152,6 +150,17 @@ impl Node {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// Builds the busybox image and imports it with `skerry images import` once the node
+    /// (and so its containerd) is up.
+    pub fn import_busybox(&self) {
+        let archive = self.kube.dir.path().join("busybox.tar");
+        build::busybox_image(Path::new(build::BUSYBOX), IMAGE)
+            .expect("image")
+            .write_oci_archive(&archive)
+            .expect("write");
+        self.wait_registered();
         let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
             .args(["images", "import", "--data-dir"])
             .arg(self.data())

@@ -27,6 +27,8 @@ pub mod actions;
 pub mod admission;
 pub mod backoff;
 pub mod container;
+pub mod keyring;
+pub mod log_rotation;
 pub mod pleg;
 pub mod pod_workers;
 pub mod prober;
@@ -95,6 +97,11 @@ pub struct KubeletConfig {
     pub resolv_conf: PathBuf,
     /// The node's hosts file (copied into host-network pods).
     pub hosts_file: PathBuf,
+    /// The registries file's credentials (`--private-registry`), tried after a pod's
+    /// `imagePullSecrets`.
+    pub registries: crate::registries::Registries,
+    /// `--container-log-max-size` and `--container-log-max-files`.
+    pub log_policy: log_rotation::LogPolicy,
 }
 
 /// The kubelet: shared by every pod worker.
@@ -281,6 +288,11 @@ impl Kubelet {
         let pleg = tokio::spawn(pleg::run(
             self.cri.clone(),
             move |uid| workers.wake(uid),
+            stop.clone(),
+        ));
+        tokio::spawn(log_rotation::run(
+            self.cri.clone(),
+            self.config.log_policy,
             stop.clone(),
         ));
         let store = informer.store();

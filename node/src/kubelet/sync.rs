@@ -16,6 +16,7 @@ use tracing::{debug, info, warn};
 use super::actions::{self, ContainerRef, Kind, compute_pod_actions, container_hash};
 use super::backoff::{container_key, image_key};
 use super::container::{ContainerInput, DEFAULT_GRACE_SECONDS, container_config};
+use super::keyring;
 use super::pod_workers::{SyncResult, pod_name};
 use super::runtime::{self, RuntimePod};
 use super::sandbox::{self, host_network};
@@ -38,6 +39,7 @@ pub const MAX_TERMINATION_MESSAGE: u64 = 4 * 1024;
 /// The `imagePullPolicy` values.
 const PULL_ALWAYS: &str = "Always";
 const PULL_NEVER: &str = "Never";
+const PULL_IF_NOT_PRESENT: &str = "IfNotPresent";
 
 /// Why a container could not be started this sync.
 struct StartFailure {
@@ -378,16 +380,25 @@ impl Kubelet {
     async fn ensure_image(&self, pod: &Pod, c: &Container) -> Result<String, StartFailure> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let image = c.image.clone().unwrap_or_default();
-        let policy = c.image_pull_policy.clone().unwrap_or_else(|| {
-            // The API defaults it; an undefaulted pod gets the same rule.
-            if image.ends_with(":latest")
-                || !image.rsplit('/').next().unwrap_or_default().contains(':')
-            {
-                PULL_ALWAYS.to_string()
-            } else {
-                "IfNotPresent".to_string()
+        // `applyDefaultImageTag`: a reference that cannot be normalized never reaches CRI.
+        let normalized = match crate::images::reference::normalize(&image) {
+            Ok(n) => n,
+            Err(_) => {
+                let message = format!(
+                    "Failed to apply default image tag \"{image}\": couldn't parse image name \"{image}\": invalid reference format"
+                );
+                self.record(pod, EVENT_WARNING, "InspectFailed", &message);
+                return Err(StartFailure {
+                    reason: "InvalidImageName",
+                    message,
+                    retry_in: None,
+                });
             }
-        });
+        };
+        let policy = c
+            .image_pull_policy
+            .clone()
+            .unwrap_or_else(|| default_pull_policy(&image).to_string());
         let present = self
             .cri
             .image_status(&image)
@@ -425,6 +436,7 @@ impl Kubelet {
             if let Some(wait) = backoff.remaining(&key, last_failure(&backoff, &key, now), now) {
                 let message = format!("Back-off pulling image \"{image}\"");
                 self.record(pod, EVENT_NORMAL, "BackOff", &message);
+                self.record(pod, EVENT_WARNING, "Failed", "Error: ImagePullBackOff");
                 return Err(StartFailure {
                     reason: "ImagePullBackOff",
                     message,
@@ -439,15 +451,28 @@ impl Kubelet {
             &format!("Pulling image \"{image}\""),
         );
         let started = Instant::now();
-        match self.cri.pull_image(&image, None, None).await {
+        let result = match self.pull_credentials(pod, &normalized).await {
+            Ok(creds) => self.pull_with(&image, creds).await,
+            Err(e) => Err(e),
+        };
+        match result {
             Ok(id) => {
+                // Truncated to the millisecond, as `image_manager.go` writes it.
+                let took = Duration::from_millis(
+                    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                );
+                let size = match self.cri.image_status(&image).await {
+                    Ok(Some(img)) => img.size,
+                    _ => 0,
+                };
                 self.record(
                     pod,
                     EVENT_NORMAL,
                     "Pulled",
                     &format!(
-                        "Successfully pulled image \"{image}\" in {:?}",
-                        started.elapsed()
+                        "Successfully pulled image \"{image}\" in {} ({} including waiting). Image size: {size} bytes.",
+                        go_duration(took),
+                        go_duration(took)
                     ),
                 );
                 Ok(id)
@@ -468,6 +493,103 @@ impl Kubelet {
                 })
             }
         }
+    }
+
+    /// The credentials to try, in order, for a pull of `image` (normalized): those of the
+    /// pod's `imagePullSecrets` (or, when it names none, its ServiceAccount's, as upstream's
+    /// ServiceAccount admission copies them) matched by the keyring, then the registries
+    /// file's. Empty: pull without credentials. A secret that is missing or unreadable is a
+    /// `FailedToRetrieveImagePullSecret` event and is skipped (`getPullSecretsForPod`).
+    async fn pull_credentials(
+        &self,
+        pod: &Pod,
+        image: &str,
+    ) -> Result<Vec<crate::cri::api::AuthConfig>, String> {
+        use crate::env::Lookup as _;
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let spec = pod.spec.as_ref();
+        let mut names: Vec<String> = spec
+            .and_then(|s| s.image_pull_secrets.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|r| r.name.clone())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if names.is_empty() {
+            let account = spec
+                .and_then(|s| s.service_account_name.clone())
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| "default".to_string());
+            let api: skerry_client::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+                self.client.api(Some(&namespace));
+            match api.get_opt(&account).await {
+                Ok(Some(sa)) => names.extend(
+                    sa.image_pull_secrets
+                        .into_iter()
+                        .flatten()
+                        .map(|r| r.name)
+                        .filter(|n| !n.is_empty()),
+                ),
+                Ok(None) => {}
+                Err(e) => debug!(%account, error = %e, "reading the pod's service account failed"),
+            }
+        }
+        let mut secrets = Vec::new();
+        let mut failed = Vec::new();
+        for name in names {
+            match self.lookup.secret(&namespace, &name).await {
+                Ok(Some(secret)) => secrets.push((*secret).clone()),
+                Ok(None) | Err(_) => failed.push(name),
+            }
+        }
+        if !failed.is_empty() {
+            self.record(
+                pod,
+                EVENT_WARNING,
+                "FailedToRetrieveImagePullSecret",
+                &format!(
+                    "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
+                    failed.join(", ")
+                ),
+            );
+        }
+        let keyring = keyring::Keyring::from_secrets(&secrets)?;
+        let mut creds: Vec<_> = keyring
+            .lookup(keyring::repository(image))
+            .iter()
+            .map(keyring::Credentials::auth_config)
+            .collect();
+        let registry = image.split('/').next().unwrap_or_default();
+        creds.extend(self.config.registries.credentials(registry));
+        Ok(creds)
+    }
+
+    /// `PullImage` with each credential in turn until one works (`pullImage` of
+    /// `kuberuntime_image.go`); the errors of all, joined, when none does.
+    async fn pull_with(
+        &self,
+        image: &str,
+        creds: Vec<crate::cri::api::AuthConfig>,
+    ) -> Result<String, String> {
+        if creds.is_empty() {
+            return self
+                .cri
+                .pull_image(image, None, None)
+                .await
+                .map_err(|e| e.to_string());
+        }
+        let mut errors = Vec::new();
+        for auth in creds {
+            match self.cri.pull_image(image, Some(auth), None).await {
+                Ok(id) => return Ok(id),
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        Err(if errors.len() == 1 {
+            errors.remove(0)
+        } else {
+            format!("[{}]", errors.join(", "))
+        })
     }
 
     /// Starts one container (`startContainer`): backoff, image, config, create, start.
@@ -792,13 +914,81 @@ impl Kubelet {
         for c in rt.containers.iter().filter(|c| c.exited()) {
             let n = dead_seen.entry(c.name.as_str()).or_default();
             *n += 1;
-            if *n > 1
-                && let Err(e) = self.cri.remove_container(&c.id).await
-            {
-                debug!(container = %c.id, error = %e, "removing a dead container failed");
+            if *n > 1 {
+                match self.cri.remove_container(&c.id).await {
+                    // Its logs go with it, rotated ones included (`removeContainerLog`).
+                    Ok(()) if !c.log_path.is_empty() => {
+                        let log = Path::new(&c.log_path);
+                        super::log_rotation::remove_rotated(log);
+                        let _ = std::fs::remove_file(log);
+                    }
+                    Ok(()) => {}
+                    Err(e) => {
+                        debug!(container = %c.id, error = %e, "removing a dead container failed");
+                    }
+                }
             }
         }
     }
+}
+
+/// The pull policy of a container that names none (the API's `SetDefaults_Container`):
+/// `Always` for `:latest` or no tag (a digest alone counts as a tag), else `IfNotPresent`.
+pub fn default_pull_policy(image: &str) -> &'static str {
+    let name = image.split_once('@').map_or(image, |(n, _)| n);
+    let last = name.rsplit('/').next().unwrap_or_default();
+    if image.contains('@') {
+        return if last.ends_with(":latest") {
+            PULL_ALWAYS
+        } else {
+            PULL_IF_NOT_PRESENT
+        };
+    }
+    match last.rsplit_once(':') {
+        Some((_, "latest")) | None => PULL_ALWAYS,
+        Some(_) => PULL_IF_NOT_PRESENT,
+    }
+}
+
+/// A duration as Go's `time.Duration.String` writes it (`1.234567s`, `250ms`): the text of
+/// upstream's `Pulled` event.
+pub fn go_duration(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".to_string();
+    }
+    let (value, unit, scale) = if nanos < 1_000 {
+        return format!("{nanos}ns");
+    } else if nanos < 1_000_000 {
+        (nanos, "µs", 1_000u128)
+    } else if nanos < 1_000_000_000 {
+        (nanos, "ms", 1_000_000)
+    } else {
+        let secs = nanos / 1_000_000_000;
+        let frac = nanos % 1_000_000_000;
+        let (h, m, s) = (secs / 3600, (secs % 3600) / 60, secs % 60);
+        let frac = if frac == 0 {
+            String::new()
+        } else {
+            format!(".{frac:09}").trim_end_matches('0').to_string()
+        };
+        return match (h, m) {
+            (0, 0) => format!("{s}{frac}s"),
+            (0, m) => format!("{m}m{s}{frac}s"),
+            (h, m) => format!("{h}h{m}m{s}{frac}s"),
+        };
+    };
+    let whole = value / scale;
+    let frac = value % scale;
+    let digits = scale.ilog10() as usize;
+    let frac = if frac == 0 {
+        String::new()
+    } else {
+        format!(".{frac:0digits$}")
+            .trim_end_matches('0')
+            .to_string()
+    };
+    format!("{whole}{frac}{unit}")
 }
 
 fn min(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
@@ -813,16 +1003,6 @@ fn min(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 /// [`super::backoff::Backoff::next`] was called.
 fn last_failure(backoff: &super::backoff::Backoff, key: &str, now: SystemTime) -> SystemTime {
     backoff.last_failure(key).unwrap_or(now)
-}
-
-/// A Go-style duration (`10s`, `1m20s`, `5m0s`) as upstream's messages print them.
-pub fn go_duration(d: Duration) -> String {
-    let s = d.as_secs();
-    if s < 60 {
-        format!("{s}s")
-    } else {
-        format!("{}m{}s", s / 60, s % 60)
-    }
 }
 
 /// Creates an empty, world-writable termination-message file for a container under the pod's
@@ -875,5 +1055,27 @@ mod tests {
         assert_eq!(go_duration(Duration::from_secs(10)), "10s");
         assert_eq!(go_duration(Duration::from_secs(80)), "1m20s");
         assert_eq!(go_duration(Duration::from_secs(300)), "5m0s");
+        assert_eq!(go_duration(Duration::from_millis(1594)), "1.594s");
+        assert_eq!(go_duration(Duration::from_millis(313)), "313ms");
+        assert_eq!(go_duration(Duration::from_micros(1500)), "1.5ms");
+        assert_eq!(go_duration(Duration::from_secs(3725)), "1h2m5s");
+        assert_eq!(go_duration(Duration::ZERO), "0s");
+    }
+
+    #[test]
+    fn pull_policy_defaults_from_the_tag() {
+        assert_eq!(default_pull_policy("busybox"), "Always");
+        assert_eq!(default_pull_policy("busybox:latest"), "Always");
+        assert_eq!(default_pull_policy("r.example:5000/busybox"), "Always");
+        assert_eq!(
+            default_pull_policy("r.example:5000/busybox:1"),
+            "IfNotPresent"
+        );
+        assert_eq!(
+            default_pull_policy(
+                "busybox@sha256:0000000000000000000000000000000000000000000000000000000000000000"
+            ),
+            "IfNotPresent"
+        );
     }
 }
