@@ -102,6 +102,10 @@ pub struct NodeArgs {
     /// Requests the kubelet may send at once before the QPS applies (`kubeAPIBurst`).
     #[arg(long, default_value_t = KUBE_API_BURST)]
     pub kube_api_burst: u32,
+    /// How often a running pod's configMap, secret, downwardAPI and projected volumes are
+    /// brought up to date with their objects (the kubelet's flag and default), e.g. 1m, 10s.
+    #[arg(long, default_value = "1m", value_parser = parse_sync_frequency)]
+    pub sync_frequency: Duration,
     /// The port of the kubelet's HTTPS API (logs for `kubectl logs`); 0 serves none.
     #[arg(long, default_value_t = skerry_node::server::DEFAULT_PORT)]
     pub kubelet_port: u16,
@@ -137,6 +141,15 @@ fn parse_qps(text: &str) -> Result<f64, String> {
         Ok(_) => Err("must be a finite number".to_string()),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// `--sync-frequency`: a Go-style duration, at least a second.
+fn parse_sync_frequency(text: &str) -> Result<Duration, String> {
+    let d = crate::parse_duration(text)?;
+    if d < Duration::from_secs(1) {
+        return Err("must be at least 1s".to_string());
+    }
+    Ok(d)
 }
 
 fn parse_node_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
@@ -419,6 +432,7 @@ pub async fn start(
         hosts_file: PathBuf::from("/etc/hosts"),
         registries,
         log_policy,
+        sync_frequency: args.sync_frequency,
     };
     let token = stop.clone();
     tokio::spawn(async move {

@@ -102,7 +102,15 @@ pub struct KubeletConfig {
     pub registries: crate::registries::Registries,
     /// `--container-log-max-size` and `--container-log-max-files`.
     pub log_policy: log_rotation::LogPolicy,
+    /// `--sync-frequency`: how often a running pod's configMap, secret, downwardAPI and
+    /// projected volumes are re-read and rewritten when their objects changed.
+    pub sync_frequency: Duration,
 }
+
+/// The kubelet's default `--sync-frequency` (`KubeletConfiguration` `syncFrequency`, 1 minute):
+/// a configMap or secret update reaches a running pod's files within about this long. Shorter
+/// propagates sooner at a GET per referenced object per pod per period.
+pub const SYNC_FREQUENCY: Duration = Duration::from_secs(60);
 
 /// The kubelet: shared by every pod worker.
 pub struct Kubelet {
@@ -120,6 +128,8 @@ pub struct Kubelet {
     probes: prober::ProbeManager,
     /// The pods admitted and not stopped ([`admission`]).
     admitted: Mutex<HashMap<String, Arc<Pod>>>,
+    /// When each running pod's payload volumes were last set up or refreshed, by pod UID.
+    volumes_refreshed: Mutex<HashMap<String, std::time::Instant>>,
     stop: CancellationToken,
     /// The pod source's store, once it runs (read by the kubelet's API, `crate::server`).
     pods: std::sync::OnceLock<skerry_client::cache::Indexer<Pod>>,
@@ -242,6 +252,7 @@ impl Kubelet {
             workers,
             probes,
             admitted: Mutex::new(HashMap::new()),
+            volumes_refreshed: Mutex::new(HashMap::new()),
             stop,
             pods: std::sync::OnceLock::new(),
         })

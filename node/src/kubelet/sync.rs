@@ -191,6 +191,8 @@ impl Kubelet {
         let mut retry: Option<Duration> = deadline_in;
         if !actions.start.is_empty() {
             retry = min(retry, self.start_all(pod, &rt, &actions).await?);
+        } else {
+            self.refresh_volumes(pod).await;
         }
         let rt = runtime::pod_status(&self.cri, &uid).await?;
         let input = self.status_input(pod, &rt);
@@ -845,9 +847,45 @@ impl Kubelet {
         }
     }
 
+    /// Rewrites the running pod's configMap, secret, downwardAPI and projected volumes whose
+    /// objects changed (through the atomic writer, so a reader sees the old or the new
+    /// version whole), at most once per `--sync-frequency`: upstream's volume manager remounts
+    /// these volumes at a pod's periodic sync (`ReprocessPod`, `RequiresRemount`). The first
+    /// call after a start only notes the time: the volumes were just set up.
+    async fn refresh_volumes(&self, pod: &Pod) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let now = std::time::Instant::now();
+        {
+            let mut last = self
+                .volumes_refreshed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match last.get(&uid) {
+                Some(at) if now.duration_since(*at) < self.config.sync_frequency => return,
+                None => {
+                    last.insert(uid, now);
+                    return;
+                }
+                Some(_) => {
+                    last.insert(uid.clone(), now);
+                }
+            }
+        }
+        if let Err(e) = self.volumes.refresh(pod).await {
+            for f in &e.failures {
+                let ev = f.event();
+                self.record(pod, ev.type_, ev.reason, &ev.message);
+            }
+        }
+    }
+
     /// Tears down a stopped pod's volumes (they are not needed once nothing runs).
     pub async fn release_volumes(&self, pod: &Pod) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
+        self.volumes_refreshed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&uid);
         if let Err(e) = self.volumes.tear_down(&uid).await {
             warn!(pod = %pod_name(pod), error = %e, "tearing down volumes failed");
         }
@@ -879,6 +917,10 @@ impl Kubelet {
                 }
             }
         }
+        self.volumes_refreshed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&uid);
         match self.volumes.tear_down(&uid).await {
             Ok(()) => {
                 let _ = tokio::fs::remove_dir_all(self.pod_dir(&uid)).await;
