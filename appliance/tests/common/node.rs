@@ -64,29 +64,39 @@ pub struct Node {
 
 impl Node {
     pub fn start(name: &str) -> Node {
+        Node::start_with(name, &[])
+    }
+
+    /// A node with more of the agent's flags.
+    pub fn start_with(name: &str, extra: &[&str]) -> Node {
         let cgroup_root = format!(
             "/skerry-test-{}-{}",
             std::process::id(),
             rand::random::<u32>()
         );
         let kubelet_port = free_port();
-        let kube = Kube::start_with_agent(
-            &[
-                "--hostname-override",
-                name,
-                "--cgroup-root",
-                &cgroup_root,
-                "--kubelet-port",
-                &kubelet_port.to_string(),
-            ],
-            &[],
-        );
+        let port = kubelet_port.to_string();
+        let mut args = vec![
+            "--hostname-override",
+            name,
+            "--cgroup-root",
+            &cgroup_root,
+            "--kubelet-port",
+            &port,
+        ];
+        args.extend(extra);
+        let kube = Kube::start_with_agent(&args, &[]);
         Node {
             kube,
             name: name.to_string(),
             kubelet_port,
             cgroup_root,
         }
+    }
+
+    /// The node's `--cgroup-root`.
+    pub fn cgroup_root(&self) -> &str {
+        &self.cgroup_root
     }
 
     pub fn data(&self) -> PathBuf {

@@ -154,17 +154,26 @@ pub fn node_allocatable_config(allocatable: &ResourceList) -> ResourceConfig {
 }
 
 /// What `kubepods` is capped at (`getNodeAllocatableInternalAbsolute` when `pods` is
-/// enforced, else the capacity): the internal capacity (with `pid`) minus the kube and
-/// system reservations (not the eviction thresholds: eviction keeps those free), never
-/// below zero, memory also minus the hugepage pools.
+/// enforced, else the capacity): the internal capacity (the node's plus `pid`, the
+/// kernel's `pid_max`) minus the kube and system reservations (not the eviction
+/// thresholds: eviction keeps those free), never below zero, memory also minus the
+/// hugepage pools.
 pub fn node_allocatable_limits(
     capacity: &ResourceList,
+    pid_max: Option<u64>,
     kube_reserved: &ResourceList,
     system_reserved: &ResourceList,
     enforce_pods: bool,
 ) -> ResourceList {
+    let mut capacity = capacity.clone();
+    if let Some(pids) = pid_max {
+        capacity.insert(
+            RESOURCE_PID.to_string(),
+            Quantity(i128::from(pids) * 1_000_000_000),
+        );
+    }
     if !enforce_pods {
-        return capacity.clone();
+        return capacity;
     }
     let mut out: ResourceList = capacity
         .iter()
@@ -439,7 +448,6 @@ mod tests {
             ("cpu".to_string(), q(2)),
             ("memory".to_string(), q(8 << 30)),
             ("hugepages-2Mi".to_string(), q(1 << 30)),
-            ("pid".to_string(), q(4_194_304)),
         ]
         .into_iter()
         .collect();
@@ -450,12 +458,14 @@ mod tests {
         .into_iter()
         .collect();
         let system: ResourceList = [("pid".to_string(), q(1000))].into_iter().collect();
-        let limits = node_allocatable_limits(&capacity, &kube, &system, true);
+        let limits = node_allocatable_limits(&capacity, Some(4_194_304), &kube, &system, true);
         let c = node_allocatable_config(&limits);
         assert_eq!(c.cpu_shares, Some(1945), "1900m");
         assert_eq!(c.memory, Some((8 << 30) - (256 << 20) - (1 << 30)));
         assert_eq!(c.pids_limit, Some(4_194_304 - 1000));
-        let c = node_allocatable_config(&node_allocatable_limits(&capacity, &kube, &system, false));
+        let c = node_allocatable_config(&node_allocatable_limits(
+            &capacity, None, &kube, &system, false,
+        ));
         assert_eq!(c.memory, Some(8 << 30), "not enforced: the capacity");
     }
 }

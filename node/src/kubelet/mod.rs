@@ -95,6 +95,8 @@ pub struct KubeletConfig {
     pub resolv_conf: PathBuf,
     /// The node's hosts file (copied into host-network pods).
     pub hosts_file: PathBuf,
+    /// The QoS and pod cgroups under `cgroup_root`, started ([`crate::cgroups::pod`]).
+    pub cgroups: Arc<crate::cgroups::pod::ContainerManager>,
 }
 
 /// The kubelet: shared by every pod worker.
@@ -295,8 +297,13 @@ impl Kubelet {
         self.events.flush().await;
     }
 
-    /// Removes runtime pods that no API pod and no worker owns.
+    /// Removes runtime pods that no API pod and no worker owns; brings the QoS cgroups to
+    /// the pods admitted now and retries `kubepods`' limits if they could not be set yet.
     async fn housekeeping(&self, store: &skerry_client::cache::Indexer<Pod>) {
+        self.update_qos_cgroups();
+        if let Err(e) = self.config.cgroups.enforce_allocatable() {
+            warn!(error = %e, "enforcing node allocatable on the pods' cgroup failed; retrying");
+        }
         let known: std::collections::HashSet<String> = store
             .list()
             .iter()

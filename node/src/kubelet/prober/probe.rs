@@ -27,6 +27,9 @@ pub const MAX_REDIRECTS: usize = 10;
 pub const MAX_EXEC_OUTPUT: usize = 10 * 1024;
 /// The User-Agent of HTTP probes (`http.go`: `kube-probe/<major>.<minor>`).
 pub const USER_AGENT: &str = "kube-probe/1.32";
+/// The User-Agent of HTTP lifecycle hooks (`NewRequestForHTTPGetAction` with the
+/// `lifecycle` fragment: `kube-lifecycle/<major>.<minor>`).
+pub const LIFECYCLE_USER_AGENT: &str = "kube-lifecycle/1.32";
 
 /// A probe's outcome.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,7 +175,13 @@ struct Answer {
     body: String,
 }
 
-async fn run_http(h: &HTTPGetAction, port: u16, pod_ip: &str, timeout: Duration) -> Outcome {
+/// The parts of an `httpGet` request: HTTPS or not, `host:port` (the host defaulting to the
+/// pod's IP), the path with its leading `/`, the headers.
+fn http_request_parts(
+    h: &HTTPGetAction,
+    port: u16,
+    pod_ip: &str,
+) -> (bool, String, String, Vec<(String, String)>) {
     let host = h
         .host
         .as_deref()
@@ -192,11 +201,36 @@ async fn run_http(h: &HTTPGetAction, port: u16, pod_ip: &str, timeout: Duration)
         .flatten()
         .map(|hd| (hd.name.clone(), hd.value.clone()))
         .collect();
-    let addr = host_port(host, port);
+    (https, host_port(host, port), path, headers)
+}
+
+/// An HTTP lifecycle hook (`lifecycle/handlers.go` `runHTTPHandler`): one GET built as a
+/// probe's, bounded by `timeout`; only a request that gets no answer fails (the status code
+/// does not matter, as upstream, which discards the response).
+pub async fn lifecycle_http_get(
+    h: &HTTPGetAction,
+    port: u16,
+    pod_ip: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let (https, addr, path, headers) = http_request_parts(h, port, pod_ip);
+    let get = get(https, &addr, &path, &headers, LIFECYCLE_USER_AGENT);
+    match tokio::time::timeout(timeout, get).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(format!(
+            "Get \"{}://{addr}{path}\": context deadline exceeded",
+            if https { "https" } else { "http" }
+        )),
+    }
+}
+
+async fn run_http(h: &HTTPGetAction, port: u16, pod_ip: &str, timeout: Duration) -> Outcome {
+    let (https, addr, path, headers) = http_request_parts(h, port, pod_ip);
     let deadline = tokio::time::Instant::now() + timeout;
     let mut url_path = path;
     for _ in 0..=MAX_REDIRECTS {
-        let get = get(https, &addr, &url_path, &headers);
+        let get = get(https, &addr, &url_path, &headers, USER_AGENT);
         let answer = match tokio::time::timeout_at(deadline, get).await {
             Ok(Ok(a)) => a,
             Ok(Err(e)) => return Outcome::Failure(e),
@@ -258,6 +292,7 @@ async fn get(
     addr: &str,
     path: &str,
     headers: &[(String, String)],
+    user_agent: &str,
 ) -> Result<Answer, String> {
     let scheme = if https { "https" } else { "http" };
     let url = format!("{scheme}://{addr}{path}");
@@ -280,7 +315,7 @@ async fn get(
         req = req.header("Host", addr);
     }
     if !ua_set {
-        req = req.header("User-Agent", USER_AGENT);
+        req = req.header("User-Agent", user_agent);
     }
     if !accept_set {
         req = req.header("Accept", "*/*");
