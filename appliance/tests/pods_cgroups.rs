@@ -210,16 +210,39 @@ fn pods_land_in_their_qos_cgroups_with_their_limits() {
             raw("memory", &guaranteed, "memory.limit_in_bytes"),
             "67108864"
         );
-        // runc put the container's own cgroup below the pod's.
+        // runc put the container's own cgroup below the pod's, with the container's
+        // resources as CRI carried them (no swap: memsw equal to the memory limit).
         let pod_dir = cg.file("memory", &guaranteed, "");
-        assert!(
-            std::fs::read_dir(&pod_dir)
-                .expect("pod cgroup")
-                .flatten()
-                .any(|e| e.path().is_dir()),
-            "the containers' cgroups are inside the pod's: {}",
-            pod_dir.display()
-        );
+        let container = std::fs::read_dir(&pod_dir)
+            .expect("pod cgroup")
+            .flatten()
+            .map(|e| e.path())
+            .find(|d| {
+                std::fs::read_to_string(d.join("memory.limit_in_bytes"))
+                    .is_ok_and(|t| t.trim() == "67108864")
+            })
+            .unwrap_or_else(|| panic!("no container cgroup in {}", pod_dir.display()));
+        let memsw = container.join("memory.memsw.limit_in_bytes");
+        if memsw.exists() {
+            assert_eq!(
+                std::fs::read_to_string(&memsw).expect("memsw").trim(),
+                "67108864"
+            );
+        }
+        let id = container
+            .file_name()
+            .expect("id")
+            .to_string_lossy()
+            .into_owned();
+        let cpu_dir = cg.file("cpu", &guaranteed, &id);
+        let read = |f: &str| {
+            std::fs::read_to_string(cpu_dir.join(f))
+                .expect(f)
+                .trim()
+                .to_string()
+        };
+        assert_eq!(read("cpu.shares"), "204");
+        assert_eq!(read("cpu.cfs_quota_us"), "20000");
     }
 
     // burstable follows its pods: 300m, then 300m + 500m, then 500m.

@@ -236,6 +236,25 @@ impl ContainerManager {
         &self.cgroups
     }
 
+    /// What containers' resources depend on in these cgroups: the layout and whether the
+    /// kernel accounts swap (`swapControllerAvailable`: v1 `memory.memsw.limit_in_bytes`
+    /// at the memory hierarchy's root, v2 `memory.swap.max` in `kubepods`).
+    pub fn host(&self) -> crate::kubelet::container::CgroupHost {
+        let file = if self.cgroups.is_v2() {
+            self.cgroups
+                .path("memory", &self.root)
+                .map(|d| d.join("memory.swap.max"))
+        } else {
+            self.cgroups
+                .path("memory", "/")
+                .map(|d| d.join("memory.memsw.limit_in_bytes"))
+        };
+        crate::kubelet::container::CgroupHost {
+            v2: self.cgroups.is_v2(),
+            swap_controller: file.is_some_and(|f| f.exists()),
+        }
+    }
+
     /// `<cgroup-root>/kubepods`.
     pub fn root(&self) -> &str {
         &self.root

@@ -618,6 +618,7 @@ impl Kubelet {
             mounts,
             qos: &qos,
             memory_capacity: self.config.memory_capacity,
+            cgroup_host: self.config.cgroups.host(),
             hash,
         });
         let id = match self
