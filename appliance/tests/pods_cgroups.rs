@@ -302,6 +302,27 @@ fn pods_land_in_their_qos_cgroups_with_their_limits() {
             .path("cpu", &guaranteed)
             .is_some_and(|p| p.exists())
     );
+
+    // A pod cgroup no pod owns (its pod deleted while the kubelet was down) is removed by
+    // housekeeping; the running pods' stay.
+    let stray = format!(
+        "{}/besteffort/pod00000000-0000-0000-0000-000000000001",
+        cg.kubepods
+    );
+    cg.manager
+        .create(&stray, &Default::default())
+        .expect("stray cgroup");
+    let deadline = Instant::now() + POD_TIMEOUT;
+    while cg.manager.dirs(&stray).iter().any(|d| d.exists()) {
+        assert!(
+            Instant::now() < deadline,
+            "{stray} still there\n{}",
+            tail(&node.kube.log())
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(cg.manager.exists(&guaranteed));
+    assert!(cg.manager.exists(&besteffort));
 }
 
 /// A host-network pod running busybox httpd on `port`, its request log (`-vv`: each URL) in

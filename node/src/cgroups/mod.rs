@@ -253,7 +253,7 @@ impl CgroupManager {
     }
 
     /// Every directory `name` has (one per v1 hierarchy, one on v2).
-    fn dirs(&self, name: &str) -> Vec<PathBuf> {
+    pub fn dirs(&self, name: &str) -> Vec<PathBuf> {
         let rel = name.trim_start_matches('/');
         match &self.layout {
             Layout::V2(root) => vec![root.join(rel)],

@@ -365,6 +365,30 @@ impl ContainerManager {
         Ok(true)
     }
 
+    /// The pod cgroups present (`GetAllPodsFromCgroups`): (QoS class, pod UID) of every
+    /// `pod<uid>` directory under the three QoS cgroups, in any hierarchy.
+    pub fn pod_cgroups(&self) -> Vec<(String, String)> {
+        let mut found = std::collections::BTreeSet::new();
+        for qos in [GUARANTEED, BURSTABLE, BEST_EFFORT] {
+            let name = self.qos_cgroup(qos);
+            for dir in self.cgroups.dirs(&name) {
+                let Ok(entries) = std::fs::read_dir(&dir) else {
+                    continue;
+                };
+                for e in entries.flatten() {
+                    let file_name = e.file_name();
+                    let Some(uid) = file_name.to_str().and_then(|n| n.strip_prefix("pod")) else {
+                        continue;
+                    };
+                    if !uid.is_empty() && e.file_type().is_ok_and(|t| t.is_dir()) {
+                        found.insert((qos.to_string(), uid.to_string()));
+                    }
+                }
+            }
+        }
+        found.into_iter().collect()
+    }
+
     /// Removes a pod's cgroup, killing what is left in it (`Destroy`).
     pub async fn destroy_pod(&self, qos: &str, uid: &str) -> Result<(), CgroupError> {
         self.cgroups.destroy(&self.pod_cgroup(qos, uid)).await
@@ -458,6 +482,34 @@ mod tests {
         let c = resource_config_for_pod(&p, BURSTABLE, -1);
         assert_eq!(c.cpu_quota, Some(30_000));
         assert_eq!(c.memory, Some(30 * 1024 * 1024));
+    }
+
+    #[test]
+    fn pod_cgroups_lists_each_qos_cgroups_pods() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let m = ContainerManager::new(
+            CgroupManager::v2(root.path().to_path_buf()),
+            "/r/kubepods",
+            ResourceConfig::default(),
+            -1,
+        );
+        for d in [
+            "r/kubepods/poda",
+            "r/kubepods/burstable/podb",
+            "r/kubepods/besteffort/podc",
+            "r/kubepods/besteffort/notapod",
+        ] {
+            std::fs::create_dir_all(root.path().join(d)).expect("mkdir");
+        }
+        let found = m.pod_cgroups();
+        let want: Vec<(String, String)> = [(BEST_EFFORT, "c"), (BURSTABLE, "b"), (GUARANTEED, "a")]
+            .iter()
+            .map(|(q, u)| (q.to_string(), u.to_string()))
+            .collect();
+        assert_eq!(
+            found, want,
+            "burstable and besteffort are not pods of kubepods"
+        );
     }
 
     #[test]

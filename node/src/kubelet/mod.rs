@@ -316,17 +316,31 @@ impl Kubelet {
                 return;
             }
         };
+        let mut sandbox_uids = std::collections::HashSet::new();
         for s in sandboxes {
             let Some(uid) = s.labels.get(runtime::LABEL_POD_UID) else {
                 continue;
             };
             if known.contains(uid) || self.workers.has(uid) {
+                sandbox_uids.insert(uid.clone());
                 continue;
             }
             info!(%uid, sandbox = %s.id, "removing a sandbox no pod owns");
             let _ = self.cri.stop_pod_sandbox(&s.id).await;
             if let Err(e) = self.cri.remove_pod_sandbox(&s.id).await {
                 warn!(%uid, error = %e, "removing an orphaned sandbox failed");
+            }
+            sandbox_uids.insert(uid.clone());
+        }
+        // Pod cgroups no pod owns (`cleanupOrphanedPodCgroups`), once no sandbox of theirs
+        // is left to run in them.
+        for (qos, uid) in self.config.cgroups.pod_cgroups() {
+            if known.contains(&uid) || self.workers.has(&uid) || sandbox_uids.contains(&uid) {
+                continue;
+            }
+            info!(%uid, "removing a pod cgroup no pod owns");
+            if let Err(e) = self.config.cgroups.destroy_pod(&qos, &uid).await {
+                warn!(%uid, error = %e, "removing an orphaned pod cgroup failed");
             }
         }
     }
