@@ -487,9 +487,15 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The v2 controllers the kubelet's limits need; the others are enabled when the kernel
+/// lets them be.
+const REQUIRED_V2: &[&str] = &["cpu", "memory", "pids"];
+
 /// v2: lets `dir`'s children use every controller `dir` has (`cgroup.controllers` into
-/// `cgroup.subtree_control`, one write). A directory without the file (not a cgroup, or a
-/// leaf) is left alone.
+/// `cgroup.subtree_control`, one write). Should the kernel refuse one of them (a controller
+/// that cannot be enabled there), the required ones ([`REQUIRED_V2`]) are enabled one by
+/// one, and only their failure is an error. A directory without the file (not a cgroup, or
+/// a leaf) is left alone.
 fn enable_controllers(dir: &Path) -> Result<(), CgroupError> {
     let Ok(available) = std::fs::read_to_string(dir.join("cgroup.controllers")) else {
         return Ok(());
@@ -500,10 +506,16 @@ fn enable_controllers(dir: &Path) -> Result<(), CgroupError> {
         .filter(|c| !enabled.split_whitespace().any(|e| e == *c))
         .map(|c| format!("+{c}"))
         .collect();
-    if missing.is_empty() {
+    if missing.is_empty() || write(dir, "cgroup.subtree_control", &missing.join(" ")).is_ok() {
         return Ok(());
     }
-    write(dir, "cgroup.subtree_control", &missing.join(" "))
+    for c in missing
+        .iter()
+        .filter(|c| REQUIRED_V2.contains(&c.trim_start_matches('+')))
+    {
+        write(dir, "cgroup.subtree_control", c)?;
+    }
+    Ok(())
 }
 
 /// v1 `cpuset`: a new cgroup has no CPUs or memory nodes until given its parent's (runc's

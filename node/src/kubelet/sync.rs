@@ -670,10 +670,19 @@ impl Kubelet {
             .pre_stop
             .as_deref()
             .and_then(|j| serde_json::from_str::<LifecycleHandler>(j).ok());
-        if let Some(h) = handler.as_ref().and_then(|h| h.http_get.as_ref())
-            && let Err(e) = self.run_http_hook(pod, c, h, grace).await
-        {
-            self.record(pod, EVENT_WARNING, "FailedPreStopHook", &e);
+        if let Some(h) = handler.as_ref().and_then(|h| h.http_get.as_ref()) {
+            match self.run_http_hook(pod, c, h, grace).await {
+                Ok(None) => {}
+                Ok(Some(host)) => self.record(
+                    pod,
+                    EVENT_WARNING,
+                    "LifecycleHTTPFallback",
+                    &format!(
+                        "request to HTTPS lifecycle hook {host} got HTTP response, retry with HTTP succeeded"
+                    ),
+                ),
+                Err(e) => self.record(pod, EVENT_WARNING, "FailedPreStopHook", &e),
+            }
         }
         {
             if let Some(exec) = handler.and_then(|h| h.exec).and_then(|e| e.command) {
@@ -720,14 +729,14 @@ impl Kubelet {
     /// or by the container's port name, the host the pod's IP by default (the node's for a
     /// host-network pod), within `grace`; a failure is upstream's message
     /// (`HTTP lifecycle hook (<path>) for Container "c" in Pod "name_ns(uid)" failed -
-    /// error: ...`).
+    /// error: ...`); `Ok(Some(host))` when an HTTPS hook was answered over HTTP.
     async fn run_http_hook(
         &self,
         pod: &Pod,
         c: &runtime::RuntimeContainer,
         h: &k8s_openapi::api::core::v1::HTTPGetAction,
         grace: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<Option<String>, String> {
         let spec = pod.spec.as_ref();
         let container = spec
             .into_iter()
