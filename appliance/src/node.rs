@@ -21,6 +21,10 @@ use clap::Args;
 use k8s_openapi::api::core::v1::Taint;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use skerry_client::{Api, Client, PostParams};
+use skerry_node::cgroups::CgroupManager;
+use skerry_node::cgroups::pod::{
+    ContainerManager, ENFORCE_PODS, node_allocatable_config, node_allocatable_limits,
+};
 use skerry_node::cni::{self, CniConfig};
 use skerry_node::containerd::config::cni_bin_dir;
 use skerry_node::containerd::{Containerd, ContainerdConfig};
@@ -106,6 +110,15 @@ pub struct NodeArgs {
     /// brought up to date with their objects (the kubelet's flag and default), e.g. 1m, 10s.
     #[arg(long, default_value = "1m", value_parser = parse_sync_frequency)]
     pub sync_frequency: Duration,
+    /// Which reservations the pods' cgroup enforces: `pods` caps `kubepods` at allocatable
+    /// (capacity minus --kube-reserved and --system-reserved); `none` leaves it at the
+    /// capacity. (The kubelet's `kube-reserved` and `system-reserved` levels need cgroups of
+    /// their own, which skerry does not manage.)
+    #[arg(long, value_delimiter = ',', default_value = ENFORCE_PODS, value_parser = ["pods", "none"])]
+    pub enforce_node_allocatable: Vec<String>,
+    /// Most processes in one pod (the kubelet's `podPidsLimit`; -1: no limit).
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub pod_max_pids: i64,
     /// The port of the kubelet's HTTPS API (logs for `kubectl logs`); 0 serves none.
     #[arg(long, default_value_t = skerry_node::server::DEFAULT_PORT)]
     pub kubelet_port: u16,
@@ -419,13 +432,26 @@ pub async fn start(
         .capacity()
         .get("memory")
         .map_or(0, |q| q.0 / 1_000_000_000);
+    // `kubepods` and the QoS cgroups, capped at allocatable (the kubelet's container
+    // manager: it does not start without them).
+    let cgroup_root = format!("{}/{KUBEPODS}", args.cgroup_root.trim_end_matches('/'));
+    let cgroups = match container_manager(args, &status, &cgroup_root) {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            eprintln!("skerry: no node agent: the pods' cgroups: {e}");
+            if let Some(c) = containerd {
+                c.stop().await;
+            }
+            return None;
+        }
+    };
     let config = KubeletConfig {
         node_name: node_name.clone(),
         root_dir,
         node_ips: vec![node_ip.to_string()],
         cluster_dns: args.cluster_dns.iter().map(IpAddr::to_string).collect(),
         cluster_domain: args.cluster_domain.clone(),
-        cgroup_root: format!("{}/{KUBEPODS}", args.cgroup_root.trim_end_matches('/')),
+        cgroup_root,
         memory_capacity: i64::try_from(memory).unwrap_or(i64::MAX),
         allocatable: machine::to_api(status.allocatable()),
         resolv_conf: PathBuf::from("/etc/resolv.conf"),
@@ -433,6 +459,7 @@ pub async fn start(
         registries,
         log_policy,
         sync_frequency: args.sync_frequency,
+        cgroups,
     };
     let token = stop.clone();
     tokio::spawn(async move {
@@ -475,6 +502,40 @@ pub async fn start(
         stop,
         containerd,
     })
+}
+
+/// The kubelet's cgroups under `root` (`<cgroup-root>/kubepods`), started: `kubepods` capped
+/// at the node's capacity with `pid` (`/proc/sys/kernel/pid_max`, the kubelet's internal
+/// capacity) minus the reservations when `pods` is enforced.
+fn container_manager(
+    args: &NodeArgs,
+    status: &NodeStatusManager,
+    root: &str,
+) -> Result<ContainerManager, String> {
+    let reservations = args.reservations()?;
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok());
+    let enforce = args
+        .enforce_node_allocatable
+        .iter()
+        .any(|e| e == ENFORCE_PODS);
+    let limits = node_allocatable_limits(
+        status.capacity(),
+        pid_max,
+        &reservations.kube_reserved,
+        &reservations.system_reserved,
+        enforce,
+    );
+    let cgroups = CgroupManager::detect().map_err(|e| e.to_string())?;
+    let manager = ContainerManager::new(
+        cgroups,
+        root,
+        node_allocatable_config(&limits),
+        args.pod_max_pids,
+    );
+    manager.start().map_err(|e| e.to_string())?;
+    Ok(manager)
 }
 
 /// The kubelet API's listener on `port` (all addresses, as the kubelet's `--address`

@@ -5,6 +5,7 @@
 //! The crate reaches the apiserver only through `skerry-client`, as the upstream kubelet reaches
 //! it through client-go, and the runtime only through CRI, so any CRI runtime can serve it.
 
+pub mod cgroups;
 pub mod cni;
 pub mod containerd;
 pub mod cri;

@@ -94,6 +94,11 @@ impl Node {
         }
     }
 
+    /// The node's `--cgroup-root`.
+    pub fn cgroup_root(&self) -> &str {
+        &self.cgroup_root
+    }
+
     pub fn data(&self) -> PathBuf {
         self.kube.dir.path().join("data")
     }

@@ -18,14 +18,8 @@ use super::runtime::{
 use crate::cri::api;
 use crate::volume::ContainerMount;
 
-/// Fewest CPU shares a container gets (`MinShares`: the kernel's minimum).
-pub const MIN_SHARES: i64 = 2;
-/// Shares of one CPU (`SharesPerCPU`).
-pub const SHARES_PER_CPU: i64 = 1024;
 /// The CFS period the kubelet sets (`QuotaPeriod`, 100 ms in µs).
-pub const QUOTA_PERIOD: i64 = 100_000;
-/// The smallest CFS quota (`MinQuotaPeriod`, 1 ms in µs).
-pub const MIN_QUOTA: i64 = 1000;
+pub const QUOTA_PERIOD: i64 = crate::cgroups::QUOTA_PERIOD as i64;
 /// `oom_score_adj` of Guaranteed containers (`guaranteedOOMScoreAdj`).
 pub const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
 /// `oom_score_adj` of BestEffort containers (`besteffortOOMScoreAdj`).
@@ -56,20 +50,14 @@ fn units(q: Quantity) -> i64 {
     i64::try_from((nano + 999_999_999) / 1_000_000_000).unwrap_or(i64::MAX)
 }
 
-/// `MilliCPUToShares`.
+/// `MilliCPUToShares` (capped at the kernel's maximum, [`crate::cgroups::MAX_SHARES`]).
 pub fn milli_cpu_to_shares(milli_cpu: i64) -> i64 {
-    if milli_cpu == 0 {
-        return MIN_SHARES;
-    }
-    (milli_cpu * SHARES_PER_CPU / 1000).max(MIN_SHARES)
+    crate::cgroups::milli_cpu_to_shares(milli_cpu) as i64
 }
 
 /// `MilliCPUToQuota` with the default period: 0 (no limit) for no CPU limit.
 pub fn milli_cpu_to_quota(milli_cpu: i64) -> i64 {
-    if milli_cpu == 0 {
-        return 0;
-    }
-    (milli_cpu * QUOTA_PERIOD / 1000).max(MIN_QUOTA)
+    crate::cgroups::milli_cpu_to_quota(milli_cpu, QUOTA_PERIOD as u64)
 }
 
 /// `GetContainerOOMScoreAdjust`: -997 for Guaranteed, 1000 for BestEffort, else between 3
@@ -95,12 +83,33 @@ pub fn oom_score_adj(qos: &str, c: &Container, memory_capacity: i64) -> i64 {
     }
 }
 
-/// The Linux resources of a container (`calculateLinuxResources`): shares from the CPU
-/// request (the limit when only that is set), quota from the CPU limit, the memory limit.
+/// What the container's resources depend on in the host's cgroups.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupHost {
+    /// The unified hierarchy (v2).
+    pub v2: bool,
+    /// The kernel accounts swap (v1 `memory.memsw.*`, v2 `memory.swap.max`).
+    pub swap_controller: bool,
+}
+
+/// `memory.oom.group` (v2): the kernel kills the whole container on an OOM, the kubelet's
+/// default on v2 since 1.32 (`singleProcessOOMKill` false there).
+pub const MEMORY_OOM_GROUP: &str = "memory.oom.group";
+/// `memory.swap.max` (v2): no swap for the container (`ConfigureNoSwap`, `NoSwap` the
+/// default swap behaviour).
+pub const MEMORY_SWAP_MAX: &str = "memory.swap.max";
+
+/// The Linux resources of a container (`generateLinuxContainerResources`,
+/// `calculateLinuxResources`): shares from the CPU request (the limit when only that is
+/// set), quota from the CPU limit with the period always given (CFS quota enforced), the
+/// memory limit; no swap (`ConfigureNoSwap`: v1 the swap limit equal to the memory limit,
+/// v2 `memory.swap.max` 0, when the kernel accounts swap), and on v2 the whole container
+/// killed on an OOM.
 pub fn linux_resources(
     qos: &str,
     c: &Container,
     memory_capacity: i64,
+    host: CgroupHost,
 ) -> api::LinuxContainerResources {
     let cpu_request = quantity(c, "requests", "cpu");
     let cpu_limit = quantity(c, "limits", "cpu");
@@ -109,14 +118,26 @@ pub fn linux_resources(
         (request, _) => milli_cpu_to_shares(request.map_or(0, milli)),
     };
     let quota = cpu_limit.map_or(0, |l| milli_cpu_to_quota(milli(l)));
-    api::LinuxContainerResources {
+    let memory_limit = quantity(c, "limits", "memory").map_or(0, units);
+    let mut r = api::LinuxContainerResources {
         cpu_shares: shares,
         cpu_quota: quota,
-        cpu_period: if quota > 0 { QUOTA_PERIOD } else { 0 },
-        memory_limit_in_bytes: quantity(c, "limits", "memory").map_or(0, units),
+        cpu_period: QUOTA_PERIOD,
+        memory_limit_in_bytes: memory_limit,
         oom_score_adj: oom_score_adj(qos, c, memory_capacity),
         ..Default::default()
+    };
+    if host.v2 {
+        r.unified
+            .insert(MEMORY_OOM_GROUP.to_string(), "1".to_string());
+        if host.swap_controller {
+            r.unified
+                .insert(MEMORY_SWAP_MAX.to_string(), "0".to_string());
+        }
+    } else if host.swap_controller {
+        r.memory_swap_limit_in_bytes = memory_limit;
     }
+    r
 }
 
 /// The container's security context as CRI takes it (pod-level values where the container
@@ -193,6 +214,8 @@ pub struct ContainerInput<'a> {
     pub qos: &'a str,
     /// The node's memory, bytes (for `oom_score_adj`).
     pub memory_capacity: i64,
+    /// The host's cgroups.
+    pub cgroup_host: CgroupHost,
     /// The spec hash.
     pub hash: String,
 }
@@ -289,7 +312,12 @@ pub fn container_config(input: &ContainerInput<'_>) -> api::ContainerConfig {
         stdin_once: c.stdin_once.unwrap_or(false),
         tty: c.tty.unwrap_or(false),
         linux: Some(api::LinuxContainerConfig {
-            resources: Some(linux_resources(input.qos, c, input.memory_capacity)),
+            resources: Some(linux_resources(
+                input.qos,
+                c,
+                input.memory_capacity,
+                input.cgroup_host,
+            )),
             security_context: Some(security_context(input.pod, c)),
         }),
         ..Default::default()
@@ -316,7 +344,7 @@ mod tests {
         let c = container(serde_json::json!({"name": "a",
             "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
                           "limits": {"cpu": "1500m", "memory": "128Mi"}}}));
-        let r = linux_resources("Burstable", &c, 1 << 30);
+        let r = linux_resources("Burstable", &c, 1 << 30, CgroupHost::default());
         assert_eq!(r.cpu_shares, 102);
         assert_eq!(r.cpu_quota, 150_000);
         assert_eq!(r.cpu_period, 100_000);
@@ -326,11 +354,11 @@ mod tests {
         let only_limit =
             container(serde_json::json!({"name": "a", "resources": {"limits": {"cpu": "1"}}}));
         assert_eq!(
-            linux_resources("Burstable", &only_limit, 1 << 30).cpu_shares,
+            linux_resources("Burstable", &only_limit, 1 << 30, CgroupHost::default()).cpu_shares,
             1024
         );
         let none = container(serde_json::json!({"name": "a"}));
-        let r = linux_resources("BestEffort", &none, 1 << 30);
+        let r = linux_resources("BestEffort", &none, 1 << 30, CgroupHost::default());
         assert_eq!(
             (
                 r.cpu_shares,
@@ -339,6 +367,50 @@ mod tests {
                 r.oom_score_adj
             ),
             (2, 0, 0, 1000)
+        );
+    }
+
+    #[test]
+    fn period_swap_and_oom_group_as_upstream() {
+        let c = container(serde_json::json!({"name": "a",
+            "resources": {"limits": {"memory": "64Mi"}}}));
+        let v1 = CgroupHost {
+            v2: false,
+            swap_controller: true,
+        };
+        let r = linux_resources("Burstable", &c, 1 << 30, v1);
+        assert_eq!(
+            (r.cpu_quota, r.cpu_period),
+            (0, 100_000),
+            "the period always"
+        );
+        assert_eq!(r.memory_swap_limit_in_bytes, 64 << 20, "no swap on v1");
+        assert!(r.unified.is_empty());
+        let v2 = CgroupHost {
+            v2: true,
+            swap_controller: true,
+        };
+        let r = linux_resources("Burstable", &c, 1 << 30, v2);
+        assert_eq!(r.memory_swap_limit_in_bytes, 0);
+        assert_eq!(
+            r.unified.get(MEMORY_SWAP_MAX).map(String::as_str),
+            Some("0")
+        );
+        assert_eq!(
+            r.unified.get(MEMORY_OOM_GROUP).map(String::as_str),
+            Some("1")
+        );
+        let r = linux_resources("Burstable", &c, 1 << 30, CgroupHost::default());
+        assert_eq!(
+            r.memory_swap_limit_in_bytes, 0,
+            "no swap accounting: nothing"
+        );
+        // Shares capped at the kernel's maximum (`MaxShares`).
+        let huge = container(serde_json::json!({"name": "a",
+            "resources": {"requests": {"cpu": "300"}}}));
+        assert_eq!(
+            linux_resources("Burstable", &huge, 1 << 30, v1).cpu_shares,
+            262_144
         );
     }
 
@@ -376,6 +448,7 @@ mod tests {
             mounts: vec![],
             qos: "BestEffort",
             memory_capacity: 1 << 30,
+            cgroup_host: CgroupHost::default(),
             hash: "h".into(),
         });
         assert_eq!(config.log_path, "app/3.log");

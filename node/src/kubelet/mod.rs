@@ -105,6 +105,8 @@ pub struct KubeletConfig {
     /// `--sync-frequency`: how often a running pod's configMap, secret, downwardAPI and
     /// projected volumes are re-read and rewritten when their objects changed.
     pub sync_frequency: Duration,
+    /// The QoS and pod cgroups under `cgroup_root`, started ([`crate::cgroups::pod`]).
+    pub cgroups: Arc<crate::cgroups::pod::ContainerManager>,
 }
 
 /// The kubelet's default `--sync-frequency` (`KubeletConfiguration` `syncFrequency`, 1 minute):
@@ -318,8 +320,13 @@ impl Kubelet {
         self.events.flush().await;
     }
 
-    /// Removes runtime pods that no API pod and no worker owns.
+    /// Removes runtime pods that no API pod and no worker owns; brings the QoS cgroups to
+    /// the pods admitted now and retries `kubepods`' limits if they could not be set yet.
     async fn housekeeping(&self, store: &skerry_client::cache::Indexer<Pod>) {
+        self.update_qos_cgroups();
+        if let Err(e) = self.config.cgroups.enforce_allocatable() {
+            warn!(error = %e, "enforcing node allocatable on the pods' cgroup failed; retrying");
+        }
         let known: std::collections::HashSet<String> = store
             .list()
             .iter()
@@ -332,17 +339,31 @@ impl Kubelet {
                 return;
             }
         };
+        let mut sandbox_uids = std::collections::HashSet::new();
         for s in sandboxes {
             let Some(uid) = s.labels.get(runtime::LABEL_POD_UID) else {
                 continue;
             };
             if known.contains(uid) || self.workers.has(uid) {
+                sandbox_uids.insert(uid.clone());
                 continue;
             }
             info!(%uid, sandbox = %s.id, "removing a sandbox no pod owns");
             let _ = self.cri.stop_pod_sandbox(&s.id).await;
             if let Err(e) = self.cri.remove_pod_sandbox(&s.id).await {
                 warn!(%uid, error = %e, "removing an orphaned sandbox failed");
+            }
+            sandbox_uids.insert(uid.clone());
+        }
+        // Pod cgroups no pod owns (`cleanupOrphanedPodCgroups`), once no sandbox of theirs
+        // is left to run in them.
+        for (qos, uid) in self.config.cgroups.pod_cgroups() {
+            if known.contains(&uid) || self.workers.has(&uid) || sandbox_uids.contains(&uid) {
+                continue;
+            }
+            info!(%uid, "removing a pod cgroup no pod owns");
+            if let Err(e) = self.config.cgroups.destroy_pod(&qos, &uid).await {
+                warn!(%uid, error = %e, "removing an orphaned pod cgroup failed");
             }
         }
     }

@@ -55,6 +55,24 @@ impl Kubelet {
             .event(&object_reference(pod), type_, reason, message);
     }
 
+    /// The QoS cgroups to the pods admitted now (`UpdateQOSCgroups`).
+    pub(super) fn update_qos_cgroups(&self) {
+        let pods: Vec<Arc<Pod>> = self
+            .admitted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        if let Err(e) = self
+            .config
+            .cgroups
+            .update_qos(pods.iter().map(|p| p.as_ref()))
+        {
+            warn!(error = %e, "updating the QoS cgroups failed");
+        }
+    }
+
     fn set_reason(&self, uid: &str, name: &str, reason: Option<Reason>) {
         let mut reasons = self.reasons.lock().unwrap_or_else(|p| p.into_inner());
         let pod = reasons.entry(uid.to_string()).or_default();
@@ -274,6 +292,21 @@ impl Kubelet {
                     c.reason, c.message
                 );
                 self.record(pod, EVENT_WARNING, "NetworkNotReady", &message);
+                anyhow::bail!(message);
+            }
+        }
+        // The pod's cgroup before anything runs in it (`syncPod`: `UpdateQOSCgroups`, then
+        // the pod container manager's `EnsureExists`).
+        if !self.config.cgroups.cgroups().exists(
+            &self
+                .config
+                .cgroups
+                .pod_cgroup(&sandbox::qos_class(pod), &uid),
+        ) {
+            self.update_qos_cgroups();
+            if let Err(e) = self.config.cgroups.ensure_pod(pod) {
+                let message = format!("unable to ensure pod container exists: {e}");
+                self.record(pod, EVENT_WARNING, "FailedToCreatePodContainer", &message);
                 anyhow::bail!(message);
             }
         }
@@ -709,6 +742,7 @@ impl Kubelet {
             mounts,
             qos: &qos,
             memory_capacity: self.config.memory_capacity,
+            cgroup_host: self.config.cgroups.host(),
             hash,
         });
         let id = match self
@@ -760,6 +794,20 @@ impl Kubelet {
             .pre_stop
             .as_deref()
             .and_then(|j| serde_json::from_str::<LifecycleHandler>(j).ok());
+        if let Some(h) = handler.as_ref().and_then(|h| h.http_get.as_ref()) {
+            match self.run_http_hook(pod, c, h, grace).await {
+                Ok(None) => {}
+                Ok(Some(host)) => self.record(
+                    pod,
+                    EVENT_WARNING,
+                    "LifecycleHTTPFallback",
+                    &format!(
+                        "request to HTTPS lifecycle hook {host} got HTTP response, retry with HTTP succeeded"
+                    ),
+                ),
+                Err(e) => self.record(pod, EVENT_WARNING, "FailedPreStopHook", &e),
+            }
+        }
         {
             if let Some(exec) = handler.and_then(|h| h.exec).and_then(|e| e.command) {
                 let hook =
@@ -799,6 +847,60 @@ impl Kubelet {
         {
             warn!(pod = %pod_name(pod), container = %c.name, error = %e, "stopping a container failed");
         }
+    }
+
+    /// A preStop `httpGet` (`lifecycle/handlers.go` `runHTTPHandler`): the port by number
+    /// or by the container's port name, the host the pod's IP by default (the node's for a
+    /// host-network pod), within `grace`; a failure is upstream's message
+    /// (`HTTP lifecycle hook (<path>) for Container "c" in Pod "name_ns(uid)" failed -
+    /// error: ...`); `Ok(Some(host))` when an HTTPS hook was answered over HTTP.
+    async fn run_http_hook(
+        &self,
+        pod: &Pod,
+        c: &runtime::RuntimeContainer,
+        h: &k8s_openapi::api::core::v1::HTTPGetAction,
+        grace: Duration,
+    ) -> Result<Option<String>, String> {
+        let spec = pod.spec.as_ref();
+        let container = spec
+            .into_iter()
+            .flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            })
+            .find(|s| s.name == c.name)
+            .cloned()
+            .unwrap_or_else(|| Container {
+                name: c.name.clone(),
+                ..Default::default()
+            });
+        let fail = |e: String| {
+            format!(
+                "HTTP lifecycle hook ({}) for Container {:?} in Pod \"{}_{}({})\" failed - error: {e}",
+                h.path.as_deref().unwrap_or_default(),
+                c.name,
+                pod.metadata.name.as_deref().unwrap_or_default(),
+                pod.metadata.namespace.as_deref().unwrap_or_default(),
+                pod.metadata.uid.as_deref().unwrap_or_default(),
+            )
+        };
+        let pod_ip = if host_network(pod) {
+            self.config.node_ips.first().cloned().unwrap_or_default()
+        } else {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let rt = runtime::pod_status(&self.cri, &uid)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            rt.sandboxes
+                .iter()
+                .find_map(|s| s.ips.first().cloned())
+                .ok_or_else(|| fail("failed to find networking container".to_string()))?
+        };
+        let port = super::prober::probe::port(&h.port, &container).map_err(fail)?;
+        super::prober::probe::lifecycle_http_get(h, port, &pod_ip, grace)
+            .await
+            .map_err(fail)
     }
 
     async fn kill_running(&self, pod: &Pod, rt: &RuntimePod, grace: Duration) {
@@ -931,11 +1033,16 @@ impl Kubelet {
         }
         let _ = tokio::fs::remove_dir_all(sandbox::pod_logs_dir(&self.sandbox_env.logs_root, pod))
             .await;
-        remove_pod_cgroup(&sandbox::cgroup_parent(
-            &self.sandbox_env.cgroup_root,
-            &sandbox::qos_class(pod),
-            &uid,
-        ));
+        // Its containers are gone: its cgroup goes, and the QoS cgroups follow.
+        if let Err(e) = self
+            .config
+            .cgroups
+            .destroy_pod(&sandbox::qos_class(pod), &uid)
+            .await
+        {
+            warn!(pod = %pod_name(pod), error = %e, "removing the pod's cgroup failed");
+        }
+        self.update_qos_cgroups();
         self.statuses.forget(&uid);
         self.probes.remove_pod(&uid);
         self.backoff
@@ -1070,22 +1177,6 @@ fn termination_message(c: &runtime::RuntimeContainer) -> Option<String> {
         .read_to_end(&mut buf)
         .ok()?;
     (!buf.is_empty()).then(|| String::from_utf8_lossy(&buf).into_owned())
-}
-
-/// Removes a pod's cgroup directories (every v1 controller, or the v2 tree): runc leaves
-/// the parent the kubelet named.
-fn remove_pod_cgroup(parent: &str) {
-    let rel = parent.trim_start_matches('/');
-    let root = Path::new("/sys/fs/cgroup");
-    let mut dirs = vec![root.join(rel)];
-    if let Ok(entries) = std::fs::read_dir(root) {
-        dirs.extend(entries.flatten().map(|e| e.path().join(rel)));
-    }
-    for d in dirs {
-        if d.is_dir() {
-            let _ = std::fs::remove_dir(&d);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -27,6 +27,9 @@ pub const MAX_REDIRECTS: usize = 10;
 pub const MAX_EXEC_OUTPUT: usize = 10 * 1024;
 /// The User-Agent of HTTP probes (`http.go`: `kube-probe/<major>.<minor>`).
 pub const USER_AGENT: &str = "kube-probe/1.32";
+/// The User-Agent of HTTP lifecycle hooks (`NewRequestForHTTPGetAction` with the
+/// `lifecycle` fragment: `kube-lifecycle/<major>.<minor>`).
+pub const LIFECYCLE_USER_AGENT: &str = "kube-lifecycle/1.32";
 
 /// A probe's outcome.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,7 +175,13 @@ struct Answer {
     body: String,
 }
 
-async fn run_http(h: &HTTPGetAction, port: u16, pod_ip: &str, timeout: Duration) -> Outcome {
+/// The parts of an `httpGet` request: HTTPS or not, `host:port` (the host defaulting to the
+/// pod's IP), the path with its leading `/`, the headers.
+fn http_request_parts(
+    h: &HTTPGetAction,
+    port: u16,
+    pod_ip: &str,
+) -> (bool, String, String, Vec<(String, String)>) {
     let host = h
         .host
         .as_deref()
@@ -192,11 +201,55 @@ async fn run_http(h: &HTTPGetAction, port: u16, pod_ip: &str, timeout: Duration)
         .flatten()
         .map(|hd| (hd.name.clone(), hd.value.clone()))
         .collect();
-    let addr = host_port(host, port);
+    (https, host_port(host, port), path, headers)
+}
+
+/// What rustls says when an HTTPS request gets a plain HTTP answer (the record type of
+/// `HTTP/1.1 ...` is no TLS content type): Go's `server gave HTTP response to HTTPS client`.
+const PLAIN_HTTP_ANSWER: &str = "InvalidContentType";
+
+/// An HTTP lifecycle hook (`lifecycle/handlers.go` `runHTTPHandler`): one GET built as a
+/// probe's, bounded by `timeout`; only a request that gets no answer fails (the status code
+/// does not matter, as upstream, which discards the response). An HTTPS hook answered in
+/// plain HTTP is sent again over HTTP without its `Authorization` header; `Ok(Some(addr))`
+/// says that fallback succeeded (upstream's `LifecycleHTTPFallback` event).
+pub async fn lifecycle_http_get(
+    h: &HTTPGetAction,
+    port: u16,
+    pod_ip: &str,
+    timeout: Duration,
+) -> Result<Option<String>, String> {
+    let (https, addr, path, mut headers) = http_request_parts(h, port, pod_ip);
+    let deadline = tokio::time::Instant::now() + timeout;
+    let timed_out = |https: bool| {
+        format!(
+            "Get \"{}://{addr}{path}\": context deadline exceeded",
+            if https { "https" } else { "http" }
+        )
+    };
+    let get_once = get(https, &addr, &path, &headers, LIFECYCLE_USER_AGENT);
+    match tokio::time::timeout_at(deadline, get_once).await {
+        Ok(Ok(_)) => Ok(None),
+        Ok(Err(e)) if https && e.contains(PLAIN_HTTP_ANSWER) => {
+            headers.retain(|(name, _)| !name.eq_ignore_ascii_case("authorization"));
+            let retry = get(false, &addr, &path, &headers, LIFECYCLE_USER_AGENT);
+            match tokio::time::timeout_at(deadline, retry).await {
+                Ok(Ok(_)) => Ok(Some(addr.clone())),
+                // The HTTPS error is the hook's, as upstream's.
+                Ok(Err(_)) | Err(_) => Err(e),
+            }
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(timed_out(https)),
+    }
+}
+
+async fn run_http(h: &HTTPGetAction, port: u16, pod_ip: &str, timeout: Duration) -> Outcome {
+    let (https, addr, path, headers) = http_request_parts(h, port, pod_ip);
     let deadline = tokio::time::Instant::now() + timeout;
     let mut url_path = path;
     for _ in 0..=MAX_REDIRECTS {
-        let get = get(https, &addr, &url_path, &headers);
+        let get = get(https, &addr, &url_path, &headers, USER_AGENT);
         let answer = match tokio::time::timeout_at(deadline, get).await {
             Ok(Ok(a)) => a,
             Ok(Err(e)) => return Outcome::Failure(e),
@@ -258,6 +311,7 @@ async fn get(
     addr: &str,
     path: &str,
     headers: &[(String, String)],
+    user_agent: &str,
 ) -> Result<Answer, String> {
     let scheme = if https { "https" } else { "http" };
     let url = format!("{scheme}://{addr}{path}");
@@ -280,7 +334,7 @@ async fn get(
         req = req.header("Host", addr);
     }
     if !ua_set {
-        req = req.header("User-Agent", USER_AGENT);
+        req = req.header("User-Agent", user_agent);
     }
     if !accept_set {
         req = req.header("Accept", "*/*");
@@ -513,6 +567,40 @@ mod tests {
         assert_eq!(
             run_http(&get_action(away, "/"), away, "127.0.0.1", t).await,
             Outcome::Warning("Probe terminated redirects, Response body: hi".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn lifecycle_hooks_ignore_the_status_and_fall_back_to_http() {
+        let t = Duration::from_secs(2);
+        let failing = server(vec!["HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n"]).await;
+        assert_eq!(
+            lifecycle_http_get(&get_action(failing, "/"), failing, "127.0.0.1", t).await,
+            Ok(None),
+            "an answer is a success, whatever its status"
+        );
+        // HTTPS answered in plain HTTP: the same request again over HTTP.
+        let plain = server(vec![
+            "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        ])
+        .await;
+        let mut https = get_action(plain, "/hook");
+        https.scheme = Some("HTTPS".into());
+        assert_eq!(
+            lifecycle_http_get(&https, plain, "127.0.0.1", t).await,
+            Ok(Some(format!("127.0.0.1:{plain}")))
+        );
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").port()
+        };
+        let e = lifecycle_http_get(&get_action(closed, "/x"), closed, "127.0.0.1", t)
+            .await
+            .expect_err("nothing listens");
+        assert!(
+            e.starts_with(&format!("Get \"http://127.0.0.1:{closed}/x\": dial tcp")),
+            "{e}"
         );
     }
 
