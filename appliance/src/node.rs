@@ -99,6 +99,13 @@ pub struct NodeArgs {
     /// The port of the kubelet's HTTPS API (logs for `kubectl logs`); 0 serves none.
     #[arg(long, default_value_t = skerry_node::server::DEFAULT_PORT)]
     pub kubelet_port: u16,
+    /// The folder of static pod manifests, created at start [default:
+    /// <data-dir>/agent/pod-manifests, k3s's]; an empty value runs no static pods.
+    #[arg(long)]
+    pub pod_manifest_path: Option<PathBuf>,
+    /// How often the manifest folder is read again without an inotify event.
+    #[arg(long, default_value = "20s", value_parser = crate::parse_duration)]
+    pub file_check_frequency: Duration,
 }
 
 /// The kubelet's own client limits, not client-go's 5/10: every pod start writes its status
@@ -146,6 +153,8 @@ impl NodeArgs {
 
 /// The kubelet's own directory under the agent's.
 const KUBELET_DIR: &str = "agent/kubelet";
+/// The static pod manifests' folder under the data dir (k3s's `agent/pod-manifests`).
+const POD_MANIFESTS_DIR: &str = "agent/pod-manifests";
 /// The cgroup of every pod, under `--cgroup-root` (the kubelet's `defaultNodeAllocatableCgroupName`).
 const KUBEPODS: &str = "kubepods";
 /// The pause image's source binary.
@@ -348,6 +357,12 @@ pub async fn start(
         allocatable: machine::to_api(status.allocatable()),
         resolv_conf: PathBuf::from("/etc/resolv.conf"),
         hosts_file: PathBuf::from("/etc/hosts"),
+        pod_manifest_path: match &args.pod_manifest_path {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) => Some(p.clone()),
+            None => Some(data_dir.join(POD_MANIFESTS_DIR)),
+        },
+        file_check_frequency: args.file_check_frequency,
     };
     let token = stop.clone();
     tokio::spawn(async move {
