@@ -42,8 +42,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::pod_workers::{PodUpdate, pod_name};
 use super::Kubelet;
+use super::pod_workers::{PodUpdate, pod_name};
 
 /// The annotation naming a pod's source (`pkg/kubelet/types` `ConfigSourceAnnotationKey`).
 pub const SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
@@ -125,7 +125,10 @@ pub fn decode_manifest(data: &[u8], source: &str, node: &str) -> Result<Pod, Str
         return Err("the document is not an object".to_string());
     };
     let kind = object.get("kind").and_then(Value::as_str).unwrap_or("");
-    let api_version = object.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let api_version = object
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     if kind != "Pod" || api_version != "v1" {
         return Err(format!(
             "the object is kind {kind:?} of apiVersion {api_version:?}, not a v1 Pod"
@@ -170,11 +173,14 @@ fn single_document(data: &[u8]) -> Result<Value, String> {
         }
         documents.push(value);
         if documents.len() > 1 {
-            return Err("the file holds more than one YAML document, a manifest holds one Pod"
-                .to_string());
+            return Err(
+                "the file holds more than one YAML document, a manifest holds one Pod".to_string(),
+            );
         }
     }
-    documents.pop().ok_or_else(|| "the file is empty".to_string())
+    documents
+        .pop()
+        .ok_or_else(|| "the file is empty".to_string())
 }
 
 /// The UID the kubelet gives a manifest without one (`common.go` `applyDefaults`): the MD5 of
@@ -321,9 +327,8 @@ pub fn scan(dir: &Path, node: &str) -> Scan {
             // Removed between the listing and now.
             Err(_) => continue,
         }
-        let pod = read_manifest(&path).and_then(|data| {
-            decode_manifest(&data, &path.to_string_lossy(), node)
-        });
+        let pod = read_manifest(&path)
+            .and_then(|data| decode_manifest(&data, &path.to_string_lossy(), node));
         found.push((path, pod));
     }
     found
@@ -420,7 +425,9 @@ impl StaticPods {
                     ));
                 }
                 if !uids.insert(uid.clone()) {
-                    return Err(format!("uid {uid} comes from an earlier file, this one is ignored"));
+                    return Err(format!(
+                        "uid {uid} comes from an earlier file, this one is ignored"
+                    ));
                 }
                 Ok(pod)
             });
@@ -436,7 +443,10 @@ impl StaticPods {
             };
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             let seen = inner.seen.entry(uid).or_insert_with(|| now.clone()).clone();
-            let annotations = pod.metadata.annotations.get_or_insert_with(Default::default);
+            let annotations = pod
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
             annotations.insert(SOURCE_ANNOTATION.to_string(), SOURCE_FILE.to_string());
             annotations.insert(SEEN_ANNOTATION.to_string(), seen);
             next.insert(path, Arc::new(pod));
@@ -486,9 +496,7 @@ impl StaticPods {
     }
 
     fn remember_status(&self, uid: &str, status: &PodStatus) {
-        self.lock()
-            .statuses
-            .insert(uid.to_string(), status.clone());
+        self.lock().statuses.insert(uid.to_string(), status.clone());
     }
 
     /// `update` with a static pod's latest status in place of the manifest's.
@@ -575,7 +583,9 @@ impl Kubelet {
             return;
         };
         let mut mirror = pod.clone();
-        let hash = annotation(pod, HASH_ANNOTATION).unwrap_or_default().to_string();
+        let hash = annotation(pod, HASH_ANNOTATION)
+            .unwrap_or_default()
+            .to_string();
         let meta = &mut mirror.metadata;
         meta.uid = None;
         meta.resource_version = None;
@@ -757,10 +767,7 @@ mod tests {
             spec.containers[0].image_pull_policy.as_deref(),
             Some("Always")
         );
-        assert_eq!(
-            pod.status.and_then(|s| s.phase).as_deref(),
-            Some("Pending")
-        );
+        assert_eq!(pod.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
     }
 
     #[test]
@@ -828,7 +835,8 @@ mod tests {
             err("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n")
                 .contains("kind \"ConfigMap\"")
         );
-        let invalid = err("apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers: []\n");
+        let invalid =
+            err("apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers: []\n");
         assert!(invalid.starts_with("invalid pod: ["), "{invalid}");
         assert!(invalid.contains("spec.containers"), "{invalid}");
         let bad_name = err(&WEB.replace("name: web\n", "name: Web_1\n"));
@@ -882,12 +890,22 @@ mod tests {
         let pod = pods.get("default", "web-n").expect("the pod");
         assert!(is_static(&pod));
         let annotations = pod.metadata.annotations.clone().expect("annotations");
-        assert_eq!(annotations.get(SOURCE_ANNOTATION).map(String::as_str), Some("file"));
+        assert_eq!(
+            annotations.get(SOURCE_ANNOTATION).map(String::as_str),
+            Some("file")
+        );
         let seen = annotations.get(SEEN_ANNOTATION).cloned().expect("seen");
         // Nothing changed: no update, and the first-seen time stays.
         assert!(pods.apply(scan(dir.path(), "n")).is_empty());
         let again = pods.get("default", "web-n").expect("the pod");
-        assert_eq!(again.metadata.annotations.as_ref().and_then(|a| a.get(SEEN_ANNOTATION)), Some(&seen));
+        assert_eq!(
+            again
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(SEEN_ANNOTATION)),
+            Some(&seen)
+        );
         // An edit: the old pod removed, the new one added; the new one waits for the old.
         std::fs::write(&path, WEB.replace("busybox", "busybox:2")).expect("write");
         let edit = pods.apply(scan(dir.path(), "n"));
@@ -901,7 +919,10 @@ mod tests {
         assert!(!pods.must_wait(new));
         // Broken: the pod stops, as when the file goes.
         std::fs::write(&path, "kind: [").expect("write");
-        assert!(matches!(pods.apply(scan(dir.path(), "n")).as_slice(), [PodUpdate::Removed(_)]));
+        assert!(matches!(
+            pods.apply(scan(dir.path(), "n")).as_slice(),
+            [PodUpdate::Removed(_)]
+        ));
         assert!(pods.pods().is_empty());
         // Two files, one name: the first wins.
         std::fs::write(&path, WEB).expect("write");
@@ -914,7 +935,10 @@ mod tests {
     #[test]
     fn mirrors_are_told_apart() {
         let pod = decode(WEB).expect("a pod");
-        assert!(!is_static(&pod), "the source annotation comes from the source");
+        assert!(
+            !is_static(&pod),
+            "the source annotation comes from the source"
+        );
         let mut static_pod = pod.clone();
         static_pod
             .metadata

@@ -81,7 +81,7 @@ fn present(v: Option<&Value>) -> bool {
     v.is_some_and(|v| !v.is_null())
 }
 
-fn list<'a>(v: Option<&'a Value>) -> impl Iterator<Item = &'a Value> {
+fn list(v: Option<&Value>) -> impl Iterator<Item = &Value> {
     v.and_then(Value::as_array).into_iter().flatten()
 }
 
@@ -168,7 +168,9 @@ mod tests {
         let token = json!({"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}]});
         assert_eq!(
             refusal(token).as_deref(),
-            Some("pods \"web-n\" is forbidden: a mirror pod may not use ServiceAccountToken volume projections")
+            Some(
+                "pods \"web-n\" is forbidden: a mirror pod may not use ServiceAccountToken volume projections"
+            )
         );
     }
 
