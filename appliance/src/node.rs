@@ -357,11 +357,7 @@ pub async fn start(
         allocatable: machine::to_api(status.allocatable()),
         resolv_conf: PathBuf::from("/etc/resolv.conf"),
         hosts_file: PathBuf::from("/etc/hosts"),
-        pod_manifest_path: match &args.pod_manifest_path {
-            Some(p) if p.as_os_str().is_empty() => None,
-            Some(p) => Some(p.clone()),
-            None => Some(data_dir.join(POD_MANIFESTS_DIR)),
-        },
+        pod_manifest_path: pod_manifest_path(args.pod_manifest_path.as_deref(), data_dir),
         file_check_frequency: args.file_check_frequency,
     };
     let token = stop.clone();
@@ -389,6 +385,16 @@ pub async fn start(
         stop,
         containerd,
     })
+}
+
+/// `--pod-manifest-path`: the folder given, k3s's under the data dir when none is, no static
+/// pods when it is empty (the kubelet's empty `staticPodPath`).
+fn pod_manifest_path(flag: Option<&Path>, data_dir: &Path) -> Option<PathBuf> {
+    match flag {
+        Some(p) if p.as_os_str().is_empty() => None,
+        Some(p) => Some(p.to_path_buf()),
+        None => Some(data_dir.join(POD_MANIFESTS_DIR)),
+    }
 }
 
 /// The kubelet API's listener on `port` (all addresses, as the kubelet's `--address`
@@ -494,5 +500,24 @@ async fn bind_node_role(admin: &Client, node: &str) {
             Err(e) => tracing::debug!(error = %e, "binding the node role; will retry"),
         }
         tokio::time::sleep(API_RETRY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_manifest_folder_defaults_to_k3ss_and_empty_turns_it_off() {
+        let data = Path::new("/d");
+        assert_eq!(
+            pod_manifest_path(None, data),
+            Some(PathBuf::from("/d/agent/pod-manifests"))
+        );
+        assert_eq!(
+            pod_manifest_path(Some(Path::new("/m")), data),
+            Some(PathBuf::from("/m"))
+        );
+        assert_eq!(pod_manifest_path(Some(Path::new("")), data), None);
     }
 }

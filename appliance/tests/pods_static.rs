@@ -101,10 +101,15 @@ fn static_pods_run_from_the_manifest_folder_with_their_mirrors() {
     // Neither hidden files nor other extensions are manifests.
     std::fs::write(manifests.join(".web.yaml.swp"), web(5)).expect("write");
     std::fs::write(manifests.join("README"), "not a pod").expect("write");
+    let dropped = Instant::now();
     std::fs::write(manifests.join("web.yaml"), web(3600)).expect("write");
 
     // The good one runs, and its mirror is Running in `kubectl get pods`.
     let mirror = node.wait_pod(MIRROR, "Running", running);
+    eprintln!(
+        "manifest written to mirror Running: {:?}",
+        dropped.elapsed()
+    );
     let hash = annotation(&mirror, "kubernetes.io/config.hash").to_string();
     assert_eq!(hash.len(), 32, "{mirror}");
     assert_eq!(annotation(&mirror, "kubernetes.io/config.mirror"), hash);
@@ -165,18 +170,28 @@ fn static_pods_run_from_the_manifest_folder_with_their_mirrors() {
     let container = container_id(&mirror);
     assert!(container.starts_with("containerd://"), "{mirror}");
     assert_eq!(cri_containers(&node.socket(), &hash).len(), 1);
+    let mirror_uid = mirror["metadata"]["uid"].as_str().unwrap_or_default();
+    assert!(
+        cri_containers(&node.socket(), mirror_uid).is_empty(),
+        "the mirror pod itself is never run"
+    );
 
     // Deleting the mirror brings it back; the container keeps running.
     let first_mirror_uid = mirror["metadata"]["uid"]
         .as_str()
         .unwrap_or_default()
         .to_string();
+    let deleted = Instant::now();
     node.kube.ok(&["delete", "pod", MIRROR, "--timeout=60s"]);
     let again = node.wait_pod(MIRROR, "recreated and Running", |p| {
         p["metadata"]["uid"] != first_mirror_uid.as_str()
             && running(p)
             && !container_id(p).is_empty()
     });
+    eprintln!(
+        "kubectl delete of the mirror to its successor Running: {:?}",
+        deleted.elapsed()
+    );
     assert_eq!(annotation(&again, "kubernetes.io/config.mirror"), hash);
     assert_eq!(
         container_id(&again),
@@ -189,12 +204,17 @@ fn static_pods_run_from_the_manifest_folder_with_their_mirrors() {
     assert_eq!(cs[0].state, api::ContainerState::ContainerRunning as i32);
 
     // Editing the manifest replaces the pod: a new hash, a new container, the old one gone.
+    let edited_at = Instant::now();
     std::fs::write(manifests.join("web.yaml"), web(3601)).expect("write");
     let edited = node.wait_pod(MIRROR, "replaced and Running", |p| {
         annotation(p, "kubernetes.io/config.mirror") != hash
             && running(p)
             && !container_id(p).is_empty()
     });
+    eprintln!(
+        "manifest edited to the new pod Running: {:?}",
+        edited_at.elapsed()
+    );
     let new_hash = annotation(&edited, "kubernetes.io/config.hash").to_string();
     assert_eq!(annotation(&edited, "kubernetes.io/config.mirror"), new_hash);
     assert_ne!(container_id(&edited), container);
@@ -207,6 +227,7 @@ fn static_pods_run_from_the_manifest_folder_with_their_mirrors() {
     });
 
     // Removing the manifest stops the pod and deletes its mirror.
+    let removed_at = Instant::now();
     std::fs::remove_file(manifests.join("web.yaml")).expect("remove");
     wait_until(&node, "the mirror deleted", || {
         !node
@@ -218,6 +239,10 @@ fn static_pods_run_from_the_manifest_folder_with_their_mirrors() {
     wait_until(&node, "the pod's containers removed", || {
         cri_containers(&node.socket(), &new_hash).is_empty()
     });
+    eprintln!(
+        "manifest removed to mirror and containers gone: {:?}",
+        removed_at.elapsed()
+    );
 
     // The apiserver: a mirror pod may not name a service account.
     let refused = node.kube.fails(

@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
@@ -355,8 +355,6 @@ pub struct StaticPods {
     /// Whether the folder was read once (or there is none): only then are mirrors without a
     /// manifest orphans (upstream waits for all sources the same way).
     synced: AtomicBool,
-    /// The Node's UID, the mirrors' owner (read once).
-    node_uid: OnceLock<String>,
 }
 
 #[derive(Default)]
@@ -619,22 +617,17 @@ impl Kubelet {
         self.statuses.delete(mirror).await
     }
 
-    /// The Node's UID, read once; `None` (logged) while it cannot be read, or while the Node
-    /// is being deleted (no mirror then, as upstream).
+    /// The Node's UID, read at each mirror creation (a Node registered again has another
+    /// UID, and a mirror owned by a gone UID would be collected); `None` (logged) while it
+    /// cannot be read, or while the Node is being deleted (no mirror then, as upstream).
     async fn node_uid(&self) -> Option<String> {
-        if let Some(uid) = self.static_pods.node_uid.get() {
-            return Some(uid.clone());
-        }
         let api: Api<k8s_openapi::api::core::v1::Node> = self.client.api(None);
         match api.get(&self.config.node_name).await {
             Ok(node) if node.metadata.deletion_timestamp.is_some() => {
                 warn!("the Node is being deleted; no mirror pods");
                 None
             }
-            Ok(node) => {
-                let uid = node.metadata.uid.unwrap_or_default();
-                Some(self.static_pods.node_uid.get_or_init(|| uid).clone())
-            }
+            Ok(node) => node.metadata.uid,
             Err(e) => {
                 warn!(error = %e, "reading the Node for a mirror pod's owner failed");
                 None
