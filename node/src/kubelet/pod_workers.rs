@@ -163,7 +163,7 @@ async fn work(
                     kubelet.kill_pod(pod, Some(kubelet.grace_period(pod))).await;
                 }
                 kubelet.clean_up(pod).await;
-                kubelet.static_pods().forget(uid);
+                kubelet.pod_gone(uid);
                 return;
             }
             (PodUpdate::Pod(pod), WorkerState::Syncing)

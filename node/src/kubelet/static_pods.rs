@@ -486,11 +486,20 @@ impl StaticPods {
             .any(|(other, n)| other != uid && *n == name)
     }
 
-    /// Forgets a pod that has stopped and been cleaned up.
-    pub fn forget(&self, uid: &str) {
+    /// Forgets a pod that has stopped and been cleaned up; returns the static pod of the same
+    /// full name that waited for it, if any.
+    pub fn forget(&self, uid: &str) -> Option<Arc<Pod>> {
         let mut inner = self.lock();
-        inner.stopping.remove(uid);
         inner.statuses.remove(uid);
+        let (namespace, name) = inner.stopping.remove(uid)?;
+        inner
+            .by_file
+            .values()
+            .find(|p| {
+                p.metadata.namespace.as_deref() == Some(namespace.as_str())
+                    && p.metadata.name.as_deref() == Some(name.as_str())
+            })
+            .cloned()
     }
 
     fn remember_status(&self, uid: &str, status: &PodStatus) {
@@ -520,6 +529,16 @@ impl Kubelet {
     /// The static pods.
     pub fn static_pods(&self) -> &StaticPods {
         &self.static_pods
+    }
+
+    /// A removed static pod (or any pod) is cleaned up: its successor of the same name, if
+    /// one waits, starts now rather than at its next check.
+    pub(super) fn pod_gone(&self, uid: &str) {
+        if let Some(next) = self.static_pods.forget(uid)
+            && let Some(next_uid) = next.metadata.uid.as_deref()
+        {
+            self.workers.wake(next_uid);
+        }
     }
 
     /// The API pod named like `pod` if it is a mirror pod.
@@ -908,7 +927,11 @@ mod tests {
         assert_eq!(old.metadata.uid, pod.metadata.uid);
         assert_ne!(new.metadata.uid, pod.metadata.uid);
         assert!(pods.must_wait(new));
-        pods.forget(old.metadata.uid.as_deref().expect("uid"));
+        let waiting = pods.forget(old.metadata.uid.as_deref().expect("uid"));
+        assert_eq!(
+            waiting.and_then(|p| p.metadata.uid.clone()),
+            new.metadata.uid
+        );
         assert!(!pods.must_wait(new));
         // Broken: the pod stops, as when the file goes.
         std::fs::write(&path, "kind: [").expect("write");
