@@ -132,6 +132,13 @@ pub struct NodeArgs {
     /// The most log files kept per container, the current one included (at least 2).
     #[arg(long, default_value_t = skerry_node::kubelet::log_rotation::DEFAULT_MAX_FILES)]
     pub container_log_max_files: usize,
+    /// The folder of static pod manifests, created at start [default:
+    /// <data-dir>/agent/pod-manifests, k3s's]; an empty value runs no static pods.
+    #[arg(long)]
+    pub pod_manifest_path: Option<PathBuf>,
+    /// How often the manifest folder is read again without an inotify event.
+    #[arg(long, default_value = "20s", value_parser = crate::parse_duration)]
+    pub file_check_frequency: Duration,
 }
 
 /// The kubelet's own client limits, not client-go's 5/10: every pod start writes its status
@@ -188,6 +195,8 @@ impl NodeArgs {
 
 /// The kubelet's own directory under the agent's.
 const KUBELET_DIR: &str = "agent/kubelet";
+/// The static pod manifests' folder under the data dir (k3s's `agent/pod-manifests`).
+const POD_MANIFESTS_DIR: &str = "agent/pod-manifests";
 /// The cgroup of every pod, under `--cgroup-root` (the kubelet's `defaultNodeAllocatableCgroupName`).
 const KUBEPODS: &str = "kubepods";
 /// The pause image's source binary.
@@ -460,6 +469,8 @@ pub async fn start(
         log_policy,
         sync_frequency: args.sync_frequency,
         cgroups,
+        pod_manifest_path: pod_manifest_path(args.pod_manifest_path.as_deref(), data_dir),
+        file_check_frequency: args.file_check_frequency,
     };
     let token = stop.clone();
     tokio::spawn(async move {
@@ -536,6 +547,16 @@ fn container_manager(
     );
     manager.start().map_err(|e| e.to_string())?;
     Ok(manager)
+}
+
+/// `--pod-manifest-path`: the folder given, k3s's under the data dir when none is, no static
+/// pods when it is empty (the kubelet's empty `staticPodPath`).
+fn pod_manifest_path(flag: Option<&Path>, data_dir: &Path) -> Option<PathBuf> {
+    match flag {
+        Some(p) if p.as_os_str().is_empty() => None,
+        Some(p) => Some(p.to_path_buf()),
+        None => Some(data_dir.join(POD_MANIFESTS_DIR)),
+    }
 }
 
 /// The kubelet API's listener on `port` (all addresses, as the kubelet's `--address`
@@ -750,5 +771,24 @@ async fn bind_node_role(admin: &Client, node: &str) {
             Err(e) => tracing::debug!(error = %e, "binding the node role; will retry"),
         }
         tokio::time::sleep(API_RETRY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_manifest_folder_defaults_to_k3ss_and_empty_turns_it_off() {
+        let data = Path::new("/d");
+        assert_eq!(
+            pod_manifest_path(None, data),
+            Some(PathBuf::from("/d/agent/pod-manifests"))
+        );
+        assert_eq!(
+            pod_manifest_path(Some(Path::new("/m")), data),
+            Some(PathBuf::from("/m"))
+        );
+        assert_eq!(pod_manifest_path(Some(Path::new("")), data), None);
     }
 }

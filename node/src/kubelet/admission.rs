@@ -257,7 +257,7 @@ impl Kubelet {
                 status.phase = Some(super::status::PHASE_FAILED.to_string());
                 status.reason = Some(r.reason);
                 status.message = Some(format!("{REJECTED_PREFIX}{}", r.message));
-                self.statuses.set(pod, &status).await?;
+                self.set_status(pod, &status).await?;
                 return Ok(false);
             }
             return Ok(true);

@@ -15,7 +15,9 @@
 //!    [`status_manager`], only when it changed; the [`prober`] runs the containers' probes
 //!    and wakes the worker when a result changes (readiness into the status, a liveness
 //!    failure into a restart);
-//! 5. a deleted pod is stopped (preStop, then its grace period), its sandbox and volumes
+//! 5. static pods ([`static_pods`]) come from `--pod-manifest-path` beside the API's and run
+//!    the same way; their mirror pods in the API are only a window on them, never run;
+//! 6. a deleted pod is stopped (preStop, then its grace period), its sandbox and volumes
 //!    removed, and it is deleted from the API with grace 0 and its UID as precondition.
 //!
 //! The trick it carries: the runtime is the only record. Every sandbox and container carries
@@ -34,6 +36,7 @@ pub mod pod_workers;
 pub mod prober;
 pub mod runtime;
 pub mod sandbox;
+pub mod static_pods;
 pub mod status;
 pub mod status_manager;
 pub mod sync;
@@ -107,6 +110,11 @@ pub struct KubeletConfig {
     pub sync_frequency: Duration,
     /// The QoS and pod cgroups under `cgroup_root`, started ([`crate::cgroups::pod`]).
     pub cgroups: Arc<crate::cgroups::pod::ContainerManager>,
+    /// `--pod-manifest-path`: the folder of static pod manifests (`None`: no static pods).
+    pub pod_manifest_path: Option<PathBuf>,
+    /// `--file-check-frequency`: how often that folder is read again without an inotify
+    /// event.
+    pub file_check_frequency: Duration,
 }
 
 /// The kubelet's default `--sync-frequency` (`KubeletConfiguration` `syncFrequency`, 1 minute):
@@ -135,6 +143,8 @@ pub struct Kubelet {
     stop: CancellationToken,
     /// The pod source's store, once it runs (read by the kubelet's API, `crate::server`).
     pods: std::sync::OnceLock<skerry_client::cache::Indexer<Pod>>,
+    /// The pods of `--pod-manifest-path`.
+    static_pods: static_pods::StaticPods,
 }
 
 /// The pods bound to one node: a LIST and WATCH with `fieldSelector=spec.nodeName=<node>`
@@ -180,18 +190,49 @@ struct Source {
     rt: tokio::runtime::Handle,
 }
 
+impl Source {
+    /// A mirror pod is never run: its change wakes the worker of its static pod, whose sync
+    /// puts the mirror right (`kubelet.go` `HandlePodAdditions` / `HandlePodUpdates` with
+    /// `IsMirrorPod`).
+    fn mirror(&self, pod: &Pod) -> bool {
+        if !static_pods::is_mirror(pod) {
+            return false;
+        }
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        if let Some(uid) = self
+            .kubelet
+            .static_pods
+            .get(namespace, name)
+            .and_then(|p| p.metadata.uid.clone())
+        {
+            self.kubelet.workers.wake(&uid);
+        }
+        true
+    }
+}
+
 impl EventHandler<Pod> for Source {
     fn on_add(&self, pod: &Arc<Pod>, _: bool) {
+        if self.mirror(pod) {
+            return;
+        }
         self.kubelet
             .workers
             .update(&self.kubelet, PodUpdate::Pod(pod.clone()), &self.rt);
     }
     fn on_update(&self, _: &Arc<Pod>, pod: &Arc<Pod>) {
+        if self.mirror(pod) {
+            return;
+        }
         self.kubelet
             .workers
             .update(&self.kubelet, PodUpdate::Pod(pod.clone()), &self.rt);
     }
     fn on_delete(&self, pod: &Deleted<Pod>) {
+        if self.mirror(pod.object()) {
+            return;
+        }
         self.kubelet.workers.update(
             &self.kubelet,
             PodUpdate::Removed(pod.object().clone()),
@@ -257,6 +298,7 @@ impl Kubelet {
             volumes_refreshed: Mutex::new(HashMap::new()),
             stop,
             pods: std::sync::OnceLock::new(),
+            static_pods: static_pods::StaticPods::default(),
         })
     }
 
@@ -265,9 +307,19 @@ impl Kubelet {
         &self.config
     }
 
-    /// The pods bound to this node as the pod source has them (empty until it runs).
+    /// The pods this node runs: the API's bound to it (empty until the pod source runs),
+    /// mirror pods left out, and the static pods.
     pub fn pods(&self) -> Vec<Arc<Pod>> {
-        self.pods.get().map(|s| s.list()).unwrap_or_default()
+        let mut pods: Vec<Arc<Pod>> = self
+            .pods
+            .get()
+            .map(|s| s.list())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| !static_pods::is_mirror(p))
+            .collect();
+        pods.extend(self.static_pods.pods());
+        pods
     }
 
     /// The runtime.
@@ -293,6 +345,17 @@ impl Kubelet {
         });
         informer.run(stop.clone());
         let _ = self.pods.set(informer.store());
+        match self.config.pod_manifest_path.clone() {
+            // Static pods do not wait for the API (they may be what serves it).
+            Some(dir) => {
+                tokio::spawn(self.clone().run_static_source(
+                    dir,
+                    self.config.file_check_frequency,
+                    stop.clone(),
+                ));
+            }
+            None => self.static_pods.mark_synced(),
+        }
         if !informer.wait_for_sync(&stop).await {
             return;
         }
@@ -327,9 +390,12 @@ impl Kubelet {
         if let Err(e) = self.config.cgroups.enforce_allocatable() {
             warn!(error = %e, "enforcing node allocatable on the pods' cgroup failed; retrying");
         }
-        let known: std::collections::HashSet<String> = store
-            .list()
+        let api_pods = store.list();
+        self.delete_orphaned_mirrors(&api_pods).await;
+        let known: std::collections::HashSet<String> = api_pods
             .iter()
+            .filter(|p| !static_pods::is_mirror(p))
+            .chain(self.static_pods.pods().iter())
             .filter_map(|p| p.metadata.uid.clone())
             .collect();
         let sandboxes = match self.cri.list_pod_sandbox(None).await {

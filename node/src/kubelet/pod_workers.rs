@@ -147,6 +147,13 @@ async fn work(
     let mut admitted = false;
     loop {
         let update = updates.borrow_and_update().clone();
+        // A static pod carries its latest status (a manifest has none) and keeps its mirror.
+        let update = kubelet.static_pods().with_status(update);
+        if let PodUpdate::Pod(pod) = &update
+            && super::static_pods::is_static(pod)
+        {
+            kubelet.sync_mirror(pod).await;
+        }
         let mut next = RESYNC;
         match (&update, state) {
             (PodUpdate::Removed(pod), _) => {
@@ -156,6 +163,7 @@ async fn work(
                     kubelet.kill_pod(pod, Some(kubelet.grace_period(pod))).await;
                 }
                 kubelet.clean_up(pod).await;
+                kubelet.pod_gone(uid);
                 return;
             }
             (PodUpdate::Pod(pod), WorkerState::Syncing)
@@ -166,6 +174,12 @@ async fn work(
                 kubelet.write_final_status(pod).await;
                 state = WorkerState::Terminated;
                 delete_sent = kubelet.delete_from_api(pod).await;
+            }
+            (PodUpdate::Pod(pod), WorkerState::Syncing)
+                if !admitted && kubelet.static_pods().must_wait(pod) =>
+            {
+                // The previous instance of this static pod still stops.
+                next = super::static_pods::START_WAIT;
             }
             (PodUpdate::Pod(pod), WorkerState::Syncing) if !admitted => {
                 match kubelet.admit(pod).await {

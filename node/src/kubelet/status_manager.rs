@@ -22,7 +22,9 @@ pub const FIELD_MANAGER: &str = "kubelet";
 /// The status writer.
 pub struct StatusManager {
     client: Client,
-    last: Mutex<HashMap<String, Value>>,
+    /// By pod UID: the UID of the object written to (a static pod's mirror, else the pod
+    /// itself) and the status last written there.
+    last: Mutex<HashMap<String, (String, Value)>>,
 }
 
 /// The merge patch turning `old` into `new` (top-level removals as `null`).
@@ -47,25 +49,44 @@ impl StatusManager {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Value>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Value)>> {
         self.last.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Writes `status` for `pod` if it changed; returns whether it wrote.
     pub async fn set(&self, pod: &Pod, status: &PodStatus) -> Result<bool, skerry_client::Error> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
+        self.set_on(&uid, pod, status).await
+    }
+
+    /// Writes `status` of the pod `uid` on `target` (the pod itself, or a static pod's mirror,
+    /// `crate::kubelet::static_pods`) if it differs from what `target` last got: a new mirror
+    /// gets the status again.
+    pub async fn set_on(
+        &self,
+        uid: &str,
+        target: &Pod,
+        status: &PodStatus,
+    ) -> Result<bool, skerry_client::Error> {
+        let target_uid = target.metadata.uid.clone().unwrap_or_default();
         let new = serde_json::to_value(status).expect("a PodStatus serializes");
-        let old = self.lock().get(&uid).cloned().unwrap_or_else(|| {
-            pod.status
-                .as_ref()
-                .map(|s| serde_json::to_value(s).expect("a PodStatus serializes"))
-                .unwrap_or(Value::Null)
-        });
+        let old = self
+            .lock()
+            .get(uid)
+            .filter(|(to, _)| *to == target_uid)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| {
+                target
+                    .status
+                    .as_ref()
+                    .map(|s| serde_json::to_value(s).expect("a PodStatus serializes"))
+                    .unwrap_or(Value::Null)
+            });
         if old == new {
             return Ok(false);
         }
-        let api: Api<Pod> = self.client.api(pod.metadata.namespace.as_deref());
-        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let api: Api<Pod> = self.client.api(target.metadata.namespace.as_deref());
+        let name = target.metadata.name.as_deref().unwrap_or_default();
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..Default::default()
@@ -73,7 +94,7 @@ impl StatusManager {
         api.patch_status(name, &params, &Patch::Merge(status_patch(&old, &new)))
             .await?;
         debug!(pod = name, "status written");
-        self.lock().insert(uid, new);
+        self.lock().insert(uid.to_string(), (target_uid, new));
         Ok(true)
     }
 

@@ -158,8 +158,7 @@ impl Kubelet {
             let mut input = self.status_input(pod, &rt);
             input.terminal = true;
             input.deadline_exceeded = true;
-            self.statuses
-                .set(pod, &status::generate(pod, &rt, &input))
+            self.set_status(pod, &status::generate(pod, &rt, &input))
                 .await?;
             return Ok(SyncResult::Terminal);
         }
@@ -228,7 +227,7 @@ impl Kubelet {
             );
         }
         if !terminal {
-            self.statuses.set(pod, &generated).await?;
+            self.set_status(pod, &generated).await?;
         }
         self.gc_dead_containers(&rt).await;
         if terminal {
@@ -944,7 +943,7 @@ impl Kubelet {
         let (exceeded, _) = self.deadline(pod);
         input.deadline_exceeded = exceeded;
         let status = status::generate(pod, &rt, &input);
-        if let Err(e) = self.statuses.set(pod, &status).await {
+        if let Err(e) = self.set_status(pod, &status).await {
             warn!(pod = %pod_name(pod), error = %e, "writing the final status failed");
         }
     }

@@ -12,6 +12,9 @@
 //!   naming no class gets the global default class, else priority 0. A PriorityClass may be
 //!   the global default only while no other class is.
 //!
+//! - ServiceAccount's mirror-pod rules ([`mirror_pods`]) — a mirror pod may not reference
+//!   service accounts, secrets or service account tokens.
+//!
 //! The Priority plugin reads classes from the `priorityclasses` watch cache, as
 //! kube-apiserver's plugin reads its informer: a pod create costs a map lookup, not a store
 //! read. Invariant: a class name is refused only after the store, read linearizably, agrees
@@ -27,6 +30,8 @@ use skerry_api::{ApiError, ResourceInfo};
 use crate::auth::UserInfo;
 use crate::auth::rbac::{can_set_blocking_owner_finalizers, new_blocking_owner_refs};
 use crate::handler::ApiServer;
+
+pub mod mirror_pods;
 
 fn owner_refs(object: &Value) -> Vec<OwnerReference> {
     object
@@ -152,6 +157,7 @@ pub async fn admit_create(
     user: &UserInfo,
 ) -> Result<(), ApiError> {
     admit_namespace(server, resource, namespace).await?;
+    mirror_pods::admit_create(resource, object)?;
     priority_admit_create(server, resource, object).await?;
     check_owner_refs(server, resource, None, object, user)
 }

@@ -68,6 +68,40 @@ pub(super) fn validate_pod(obj: &Value, old: Option<&Value>, out: &mut Vec<Cause
     validate_pod_spec(spec, "spec", out);
     if let Some(old) = old {
         validate_pod_spec_update(old.get("spec").unwrap_or(null()), spec, out);
+        validate_mirror_annotation_update(old, obj, out);
+    }
+}
+
+/// The annotation that makes a pod a mirror pod (`core.MirrorPodAnnotationKey`): the kubelet's
+/// window on a static pod, never run by anyone.
+pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// An update may neither make a pod a mirror pod nor unmake one (Kubernetes'
+/// `ValidatePodSpecificAnnotationUpdates`): annotations starting with the mirror key keep
+/// their value.
+fn validate_mirror_annotation_update(old: &Value, new: &Value, out: &mut Vec<Cause>) {
+    let annotations = |pod: &Value| {
+        pod.pointer("/metadata/annotations")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (old, new) = (annotations(old), annotations(new));
+    for (key, value) in &old {
+        if key.starts_with(MIRROR_POD_ANNOTATION) && new.get(key) != Some(value) {
+            out.push(forbidden(
+                &format!("metadata.annotations[{key}]"),
+                "field is immutable",
+            ));
+        }
+    }
+    for key in new.keys() {
+        if key.starts_with(MIRROR_POD_ANNOTATION) && !old.contains_key(key) {
+            out.push(forbidden(
+                &format!("metadata.annotations[{key}]"),
+                "field is forbidden",
+            ));
+        }
     }
 }
 

@@ -484,3 +484,28 @@ fn pod_disruption_budgets() {
         "{fields:?}"
     );
 }
+
+#[test]
+fn the_mirror_annotation_is_neither_added_changed_nor_removed() {
+    let plain = pod("p", json!([{"name": "c", "image": "nginx:1"}]));
+    let mut mirror = plain.clone();
+    mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "abc"});
+    let mut other_hash = plain.clone();
+    other_hash["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "def"});
+    let path = "metadata.annotations[kubernetes.io/config.mirror]";
+    assert_eq!(
+        fields(&update("", "pods", plain.clone(), mirror.clone())),
+        vec![format!("{path}: Forbidden: field is forbidden")]
+    );
+    assert_eq!(
+        fields(&update("", "pods", mirror.clone(), plain)),
+        vec![format!("{path}: Forbidden: field is immutable")]
+    );
+    assert_eq!(
+        fields(&update("", "pods", mirror.clone(), other_hash)),
+        vec![format!("{path}: Forbidden: field is immutable")]
+    );
+    let mut relabelled = mirror.clone();
+    relabelled["metadata"]["labels"] = json!({"a": "b"});
+    assert_eq!(update("", "pods", mirror, relabelled), vec![]);
+}
