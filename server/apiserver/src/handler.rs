@@ -2,7 +2,8 @@
 //!
 //! One [`ApiServer`] serves every connection. A request is read into a [`RequestInfo`]
 //! (Kubernetes' reading of method + path), authenticated from its TLS client certificate or
-//! bearer token, authorized by RBAC, and then either answered from discovery / health /
+//! bearer token, authorized by the Node authorizer then RBAC ([`crate::node_authz`]), and
+//! then either answered from discovery / health /
 //! version, or handed to the verb handlers in [`crate::verbs`]. Every error leaves through
 //! [`response::error`] as a `Status`.
 

@@ -275,7 +275,7 @@ fn node_uid_matches(
 /// A mirror pod references no service account, secret, configmap, trust bundle or claim.
 fn mirror_pod_references(node: &str, r: &Request<'_>, pod: &Pod) -> Result<(), ApiError> {
     let spec = pod.spec.as_ref();
-    let references = pod_references(&pod);
+    let references = pod_references(pod);
     let refers = |kind: Kind| references.iter().any(|(k, _)| *k == kind);
     if refers(Kind::ServiceAccount) {
         return Err(r.forbidden(format!(
@@ -562,8 +562,7 @@ mod tests {
     }
 
     fn resource(group: &str, name: &str) -> &'static ResourceInfo {
-        let version = if group.is_empty() { "v1" } else { "v1" };
-        skerry_api::catalogue::lookup(group, version, name).expect("served")
+        skerry_api::catalogue::lookup(group, "v1", name).expect("served")
     }
 
     fn mirror(node: &str) -> Value {
