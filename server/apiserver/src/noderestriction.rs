@@ -666,6 +666,39 @@ mod tests {
     }
 
     #[test]
+    fn deletion_and_eviction_only_of_its_own_pods() {
+        let b = node_user("b");
+        let pod = mirror("a");
+        let eviction = json!({"metadata": {"name": "static-web-a", "namespace": "default"}});
+        let r = Request {
+            resource: resource("", "pods"),
+            subresource: Some("eviction"),
+            operation: Operation::Create,
+            name: "static-web-a",
+            namespace: Some("default"),
+            object: Some(&eviction),
+            old: Some(&pod),
+            user: &b,
+        };
+        assert_eq!(
+            message(admit_eviction("b", &r)),
+            "pods \"static-web-a\" is forbidden: node b can only evict pods with spec.nodeName set to itself"
+        );
+        admit_eviction("a", &r).expect("its own pod");
+        let r = Request {
+            subresource: None,
+            operation: Operation::Delete,
+            object: None,
+            ..r
+        };
+        assert_eq!(
+            message(only_own_pods("b", &r, "delete")),
+            "pods \"static-web-a\" is forbidden: node \"b\" can only delete pods with spec.nodeName set to itself"
+        );
+        only_own_pods("a", &r, "delete").expect("its own pod");
+    }
+
+    #[test]
     fn restricted_labels() {
         let map = |pairs: &[(&str, &str)]| {
             pairs
