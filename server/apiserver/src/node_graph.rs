@@ -13,8 +13,9 @@
 //! moved, [`Graph::sync`] walks the cache's objects (reference-count bumps) and re-reads
 //! only the pods whose cached object is not the one it last read (`CachedObject::ptr_eq`:
 //! the cache replaces an object's handle on every event and keeps it otherwise). A pod
-//! status write costs one re-read of that pod, an unchanged cluster nothing. Memory is
-//! bounded by the pods the cache holds: an entry leaves with its pod.
+//! status write costs one re-read of that pod plus a walk of the handles (one key and one
+//! pointer comparison per pod), an unchanged cache nothing. Memory is bounded by the pods
+//! the cache holds: an entry leaves with its pod.
 
 use std::collections::{HashMap, HashSet};
 
