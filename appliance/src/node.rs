@@ -2,7 +2,9 @@
 //! server is. With no flags, skerry starts its own supervised containerd under the data dir,
 //! imports the pause image it builds from catatonit, watches the images folder, and runs the
 //! kubelet (`skerry_node::kubelet`) as `system:node:<name>` in `system:nodes`, with a client
-//! certificate the cluster CA issues in memory. `--container-runtime-endpoint` names any CRI
+//! certificate the cluster CA issues in memory; what it may do is the apiserver's Node
+//! authorizer's and NodeRestriction's to decide, with no RBAC binding of its own
+//! (`server/apiserver/src/node_authz.rs`). `--container-runtime-endpoint` names any CRI
 //! runtime instead.
 //!
 //! A machine that cannot run containers still serves the control plane. Without root the node
@@ -19,8 +21,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use k8s_openapi::api::core::v1::Taint;
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-use skerry_client::{Api, Client, PostParams};
+use skerry_client::Client;
 use skerry_node::cgroups::CgroupManager;
 use skerry_node::cgroups::pod::{
     ContainerManager, ENFORCE_PODS, node_allocatable_config, node_allocatable_limits,
@@ -45,7 +46,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::pki::{ADMIN_USER, LEAF_VALIDITY, Pki};
+use crate::pki::{LEAF_VALIDITY, Pki};
 
 /// The node agent's flags (the kubelet's names).
 #[derive(Args, Clone, Debug)]
@@ -201,8 +202,6 @@ const POD_MANIFESTS_DIR: &str = "agent/pod-manifests";
 const KUBEPODS: &str = "kubepods";
 /// The pause image's source binary.
 const CATATONIT: &str = build::CATATONIT;
-/// Pause between attempts at the API calls of start-up while the API is not up yet.
-const API_RETRY: Duration = Duration::from_secs(1);
 
 /// The node agent, running.
 pub struct NodeAgent {
@@ -310,10 +309,7 @@ pub async fn start(
         .root_dir
         .clone()
         .unwrap_or_else(|| data_dir.join(KUBELET_DIR));
-    let clients = identity
-        .node_client(api_url, &node_name, args)
-        .and_then(|node| Ok((node, identity.admin_client(api_url).transpose()?)));
-    let (client, admin) = match clients {
+    let client = match identity.node_client(api_url, &node_name, args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("skerry: no node agent: {e:#}");
@@ -493,12 +489,9 @@ pub async fn start(
     }
     let task_stop = stop.clone();
     let task = tokio::spawn(async move {
-        if let Some(admin) = admin {
-            tokio::select! {
-                () = bind_node_role(&admin, &node_name) => {}
-                () = task_stop.cancelled() => return,
-            }
-        }
+        // No binding to wait for: the apiserver's Node authorizer grants the node what it
+        // needs (its pods' secrets, configmaps and tokens, its Node and Lease), and
+        // NodeRestriction narrows its writes to its own.
         match kubelet {
             Some(kubelet) => {
                 tokio::spawn(status.run(task_stop.clone()));
@@ -677,14 +670,6 @@ impl Identity {
         Ok(Client::new(config)?)
     }
 
-    /// The admin's client, where the identity has one (a member's PKI).
-    fn admin_client(&self, url: &str) -> Option<Result<Client>> {
-        match self {
-            Identity::Pki(pki) => Some(admin_client(pki, url)),
-            Identity::Files(_) => None,
-        }
-    }
-
     /// The kubelet API's serving certificate chain and key.
     fn serving(
         &self,
@@ -716,23 +701,6 @@ impl Identity {
     }
 }
 
-fn admin_client(pki: &Pki, url: &str) -> Result<Client> {
-    let admin = pki.admin();
-    client(
-        pki,
-        url,
-        ADMIN_USER,
-        admin.cert_pem.clone(),
-        admin.key_pem.clone(),
-    )
-}
-
-fn client(pki: &Pki, url: &str, user: &str, cert_pem: String, key_pem: String) -> Result<Client> {
-    Ok(Client::new(client_config(
-        pki, url, user, cert_pem, key_pem,
-    ))?)
-}
-
 fn client_config(
     pki: &Pki,
     url: &str,
@@ -745,33 +713,6 @@ fn client_config(
     config.credentials = skerry_client::Credentials::ClientCert { cert_pem, key_pem };
     config.user_agent = format!("skerry/{user}");
     config
-}
-
-/// Binds the bootstrap `system:node` ClusterRole to this node's user alone
-/// (`skerry:node:<name>`), retried until the API takes it.
-///
-/// Upstream leaves the `system:node` binding empty and lets the Node authorizer grant each
-/// node what it needs; skerry has no Node authorizer yet (issue 18), so until it does, this
-/// binding is the narrowest grant that lets the kubelet work: one user, the node role's
-/// rules. Its price: this node can read every Secret and ConfigMap, which the Node
-/// authorizer will narrow to its pods' own.
-async fn bind_node_role(admin: &Client, node: &str) {
-    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("skerry:node:{node}"),
-                     "labels": {"kubernetes.io/bootstrapping": "skerry-node"}},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": format!("system:node:{node}")}]
-    }))
-    .expect("a valid ClusterRoleBinding");
-    let api: Api<ClusterRoleBinding> = admin.api(None);
-    loop {
-        match api.create(&PostParams::default(), &binding).await {
-            Ok(_) => return,
-            Err(e) if e.is_already_exists() => return,
-            Err(e) => tracing::debug!(error = %e, "binding the node role; will retry"),
-        }
-        tokio::time::sleep(API_RETRY).await;
-    }
 }
 
 #[cfg(test)]

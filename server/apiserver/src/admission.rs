@@ -2,6 +2,7 @@
 //!
 //! - NamespaceLifecycle — no new content in a namespace that does not exist or is being
 //!   deleted (`admit_namespace`).
+//! - NodeRestriction — what a node's kubelet may write ([`crate::noderestriction`]).
 //! - OwnerReferencesPermissionEnforcement — setting `blockOwnerDeletion` on an owner
 //!   reference needs `update` on the owner's `finalizers`, decided with a single wildcard
 //!   probe first (`docs/tricks.md` #12, one wildcard RBAC probe for owner-reference
@@ -158,18 +159,50 @@ pub async fn admit_create(
 ) -> Result<(), ApiError> {
     admit_namespace(server, resource, namespace).await?;
     mirror_pods::admit_create(resource, object)?;
+    crate::noderestriction::admit(
+        server,
+        &crate::noderestriction::Request {
+            resource,
+            subresource: None,
+            operation: crate::noderestriction::Operation::Create,
+            name: "",
+            namespace,
+            object: Some(object),
+            old: None,
+            user,
+        },
+    )
+    .await?;
     priority_admit_create(server, resource, object).await?;
     check_owner_refs(server, resource, None, object, user)
 }
 
-/// Admission for an update.
+/// Admission for an update of the object or of its `subresource`.
 pub async fn admit_update(
     server: &ApiServer,
     resource: &ResourceInfo,
+    subresource: Option<&str>,
     old: &Value,
     new: &mut Value,
     user: &UserInfo,
 ) -> Result<(), ApiError> {
+    crate::noderestriction::admit(
+        server,
+        &crate::noderestriction::Request {
+            resource,
+            subresource,
+            operation: crate::noderestriction::Operation::Update,
+            name: old
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or(""),
+            namespace: old.pointer("/metadata/namespace").and_then(Value::as_str),
+            object: Some(new),
+            old: Some(old),
+            user,
+        },
+    )
+    .await?;
     priority_admit_update(server, resource, old, new).await?;
     check_owner_refs(server, resource, Some(old), new, user)
 }

@@ -2,7 +2,8 @@
 //!
 //! One [`ApiServer`] serves every connection. A request is read into a [`RequestInfo`]
 //! (Kubernetes' reading of method + path), authenticated from its TLS client certificate or
-//! bearer token, authorized by RBAC, and then either answered from discovery / health /
+//! bearer token, authorized by the Node authorizer then RBAC ([`crate::node_authz`]), and
+//! then either answered from discovery / health /
 //! version, or handed to the verb handlers in [`crate::verbs`]. Every error leaves through
 //! [`response::error`] as a `Status`.
 
@@ -89,6 +90,8 @@ pub struct ApiServer {
     /// One watch cache per stored resource, by resource name.
     pub caches: HashMap<&'static str, Arc<WatchCache>>,
     pub rbac: Arc<dyn RbacSource>,
+    /// The Node authorizer, before RBAC in every decision ([`ApiServer::authorize_attributes`]).
+    pub node_authorizer: crate::node_authz::NodeAuthorizer,
     pub metrics: crate::metrics::Metrics,
     /// Signs and checks service-account tokens (`kubectl create token`).
     pub token_issuer: Option<crate::auth::serviceaccount::TokenIssuer>,
@@ -155,6 +158,12 @@ impl ApiServer {
             cache("roles"),
             cache("rolebindings"),
         ));
+        let node_authorizer = crate::node_authz::NodeAuthorizer::new(
+            caches
+                .get("pods")
+                .cloned()
+                .expect("pods are stored and cached"),
+        );
         let compactor = config
             .compaction_interval
             .map(|interval| tokio::spawn(crate::compactor::run(store.clone(), interval)));
@@ -164,6 +173,7 @@ impl ApiServer {
             authenticator: config.authenticator,
             caches,
             rbac,
+            node_authorizer,
             metrics: crate::metrics::Metrics::new(),
             token_issuer: config.token_issuer,
             service_cidr: config.service_cidr,
@@ -354,7 +364,7 @@ impl ApiServer {
             ));
         }
         for attributes in &checks {
-            if !rbac::authorize(attributes, self.rbac.as_ref()).allowed {
+            if !self.authorize_attributes(attributes).allowed {
                 let what = if attributes.resource == "groups" {
                     "group"
                 } else {
@@ -387,6 +397,12 @@ impl ApiServer {
         Ok(impersonated)
     }
 
+    /// The authorizer chain's decision (`system:masters`, Node, RBAC: [`crate::node_authz`]),
+    /// for requests, impersonation and the access reviews alike.
+    pub fn authorize_attributes(&self, attributes: &Attributes) -> rbac::Decision {
+        crate::node_authz::authorize(attributes, &self.node_authorizer, self.rbac.as_ref())
+    }
+
     fn authorize(&self, info: &RequestInfo, user: &UserInfo) -> Result<(), ApiError> {
         let attributes = if info.resource_request {
             let mut a = Attributes::resource(
@@ -404,11 +420,11 @@ impl ApiServer {
         } else {
             Attributes::non_resource(user.clone(), &info.verb, &info.path)
         };
-        let decision = rbac::authorize(&attributes, self.rbac.as_ref());
+        let decision = self.authorize_attributes(&attributes);
         if decision.allowed {
             return Ok(());
         }
-        let message = if info.resource_request {
+        let mut message = if info.resource_request {
             let resource = skerry_api::status::qualified(&info.group, &info.resource);
             match &info.name {
                 Some(name) => format!(
@@ -423,6 +439,10 @@ impl ApiServer {
         } else {
             format!("forbidden: {}", attributes.forbidden_message())
         };
+        // The authorizers' reasons follow the sentence (`responsewriters.Forbidden`).
+        if !decision.reason.is_empty() {
+            message = format!("{message}: {}", decision.reason);
+        }
         let mut e = ApiError::forbidden(message);
         if info.resource_request {
             e.group = Some(info.group.clone());

@@ -3,6 +3,8 @@
 //! # Layout
 //! - [`server`]: TLS + hyper (HTTP/1.1 and HTTP/2), in-flight limits.
 //! - [`handler`]: authenticate ([`auth`]), authorize (RBAC over [`rbac_cache`]), route.
+//! - [`node_authz`] over [`node_graph`]: the Node authorizer, before RBAC;
+//!   [`noderestriction`]: the NodeRestriction admission plugin.
 //! - [`reviews`]: the access reviews and TokenReview, answered and never stored.
 //! - [`verbs`], [`subresources`], [`watch`]: the generic registry over [`storage`] (the
 //!   store side: paged LIST with the doubling page size, CAS writes) and the per-resource
@@ -27,6 +29,9 @@ pub mod handler;
 pub mod ipalloc;
 pub mod leases;
 pub mod metrics;
+pub mod node_authz;
+pub mod node_graph;
+pub mod noderestriction;
 pub mod openapi;
 pub mod podlogs;
 pub mod rbac_cache;

@@ -11,10 +11,11 @@
 //! resource was checked before this module runs, like for every request.
 //!
 //! The answers come from the same code that answers requests: access reviews from
-//! [`rbac::authorize`] (behind the `system:masters` privileged group, Kubernetes' authorizer
-//! chain), TokenReview from [`crate::auth::Authenticator::review_token`]. The access reviews
-//! never set `denied` or `evaluationError`: RBAC only allows or has no opinion, and neither it
-//! nor the privileged-group authorizer returns evaluation errors, in Kubernetes either.
+//! [`ApiServer::authorize_attributes`] (the `system:masters` privileged group, the Node
+//! authorizer, RBAC: Kubernetes' authorizer chain), TokenReview from
+//! [`crate::auth::Authenticator::review_token`]. The access reviews never set `denied` or
+//! `evaluationError`: Node and RBAC only allow or have no opinion, and none of the three
+//! returns evaluation errors, in Kubernetes either.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use skerry_api::catalogue::ResourceInfo;
 use skerry_api::{ApiError, meta};
 
 use crate::auth::UserInfo;
-use crate::auth::rbac::{self, Attributes};
+use crate::auth::rbac::Attributes;
 use crate::handler::{ApiServer, Request};
 use crate::response::Body;
 use crate::strategy::Review;
@@ -70,7 +71,7 @@ pub async fn create(
             subject(&review["spec"])
         };
         let attributes = attributes(user, &review["spec"]);
-        let decision = rbac::authorize(&attributes, server.rbac.as_ref());
+        let decision = server.authorize_attributes(&attributes);
         let mut status = Map::new();
         status.insert("allowed".into(), Value::Bool(decision.allowed));
         if !decision.reason.is_empty() {

@@ -673,6 +673,20 @@ pub async fn evict(
     // 1. Pods no budget counts go at once.
     let counted = on_error(EVICTIONS_RETRY, retriable, || async {
         let pod = current(server, resource, namespace, name).await?;
+        crate::noderestriction::admit(
+            server,
+            &crate::noderestriction::Request {
+                resource,
+                subresource: Some("eviction"),
+                operation: crate::noderestriction::Operation::Create,
+                name,
+                namespace,
+                object: Some(&eviction),
+                old: Some(pod.value()),
+                user: &req.user,
+            },
+        )
+        .await?;
         if !can_ignore_pdb(pod.value()) {
             return Ok(Some(pod));
         }
@@ -988,6 +1002,20 @@ pub async fn token(
         )?
         .object
     };
+    crate::noderestriction::admit(
+        server,
+        &crate::noderestriction::Request {
+            resource,
+            subresource: Some("token"),
+            operation: crate::noderestriction::Operation::Create,
+            name,
+            namespace: Some(&namespace),
+            object: Some(&body),
+            old: None,
+            user: &req.user,
+        },
+    )
+    .await?;
     let account = current(server, resource, Some(&namespace), name).await?;
     let expiration = body
         .pointer("/spec/expirationSeconds")

@@ -576,6 +576,13 @@ fn kube_scheduler() -> Vec<PolicyRule> {
     ]
 }
 
+/// The rules the Node authorizer applies to a node's requests for resources it does not
+/// subdivide by its graph (Kubernetes' `bootstrappolicy.NodeRules()`, which is also the
+/// `system:node` ClusterRole's rules).
+pub fn node_rules() -> Vec<PolicyRule> {
+    node()
+}
+
 fn node() -> Vec<PolicyRule> {
     vec![
         rule(&["create"], &["authentication.k8s.io"], &["tokenreviews"]),

@@ -315,6 +315,20 @@ pub(super) async fn delete(
     strategy.before_delete(resource, name)?;
     let options = delete_options(req)?;
     let old = current(server, resource, req.info.namespace.as_deref(), name).await?;
+    crate::noderestriction::admit(
+        server,
+        &crate::noderestriction::Request {
+            resource,
+            subresource: None,
+            operation: crate::noderestriction::Operation::Delete,
+            name,
+            namespace: req.info.namespace.as_deref(),
+            object: None,
+            old: Some(old.value()),
+            user: &req.user,
+        },
+    )
+    .await?;
     let format = req.format()?;
     let (code, object) = delete_one(server, resource, strategy, req, old, &options).await?;
     Ok(object_response(

@@ -203,7 +203,15 @@ pub(super) async fn write_update_as(
     // validates it — so Priority's copy-back of `spec.priority` on a pod replacement that
     // left it out happens before pod-update validation, which would otherwise see the
     // priority "changed" to nothing.
-    crate::admission::admit_update(server, resource, old.value(), &mut new, ctx.user).await?;
+    crate::admission::admit_update(
+        server,
+        resource,
+        ctx.subresource,
+        old.value(),
+        &mut new,
+        ctx.user,
+    )
+    .await?;
     invalid(
         resource,
         &name,
