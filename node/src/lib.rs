@@ -14,6 +14,7 @@ pub mod kubelet;
 pub mod machine;
 pub mod nodestatus;
 pub mod server;
+pub mod streaming;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod volume;
