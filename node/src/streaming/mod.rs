@@ -8,3 +8,6 @@
 //! `[255, 0]` on the WebSocket becomes a FIN on the runtime's stdin stream and `cat` sees EOF.
 
 pub mod spdy;
+pub mod bridge;
+pub mod channel;
+pub mod runtime;

@@ -28,6 +28,7 @@ pub mod ipalloc;
 pub mod leases;
 pub mod metrics;
 pub mod openapi;
+pub mod podexec;
 pub mod podlogs;
 pub mod rbac_cache;
 pub mod request;
