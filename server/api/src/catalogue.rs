@@ -177,26 +177,6 @@ pub static RESOURCES: &[ResourceInfo] = &[
                 group_version: None,
                 verbs: &["get"]
             },
-            // `kubectl exec`, `attach`, `port-forward`: WebSocket upgrades proxied to the
-            // pod's kubelet (`GET`, or SPDY's `POST`); kinds as upstream's discovery.
-            Subresource {
-                name: "exec",
-                kind: "PodExecOptions",
-                group_version: None,
-                verbs: &["create", "get"]
-            },
-            Subresource {
-                name: "attach",
-                kind: "PodAttachOptions",
-                group_version: None,
-                verbs: &["create", "get"]
-            },
-            Subresource {
-                name: "portforward",
-                kind: "PodPortForwardOptions",
-                group_version: None,
-                verbs: &["create", "get"]
-            },
             // `kubectl drain` finds it in discovery (`pods/eviction`, kind Eviction of
             // policy/v1) and POSTs there; RBAC grants it as `create` on `pods/eviction`.
             Subresource {
