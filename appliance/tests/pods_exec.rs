@@ -138,7 +138,14 @@ fn kubectl_exec_cp_port_forward_and_attach_reach_the_container() {
 
     // stdout and stderr apart, and the exit code: kubectl says it and exits with it.
     let out = node.kubectl_timed(
-        &["exec", "shell", "--", "sh", "-c", "echo out; echo err >&2; exit 3"],
+        &[
+            "exec",
+            "shell",
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; exit 3",
+        ],
         b"",
     );
     assert_eq!(text(&out.stdout), "out\n", "stderr: {}", text(&out.stderr));
@@ -168,16 +175,27 @@ fn kubectl_exec_cp_port_forward_and_attach_reach_the_container() {
     let local_arg = local.display().to_string();
     let out = node.kubectl_timed(&["cp", &local_arg, "shell:/tmp/payload.bin"], b"");
     assert!(out.status.success(), "kubectl cp to: {}", text(&out.stderr));
-    let out = node.kubectl_timed(&["exec", "shell", "--", "wc", "-c", "/tmp/payload.bin"], b"");
+    let out = node.kubectl_timed(
+        &["exec", "shell", "--", "wc", "-c", "/tmp/payload.bin"],
+        b"",
+    );
     assert_eq!(text(&out.stdout).trim(), "300000 /tmp/payload.bin");
     let back = node.kube.path("back.bin");
     let back_arg = back.display().to_string();
     let out = node.kubectl_timed(&["cp", "shell:/tmp/payload.bin", &back_arg], b"");
-    assert!(out.status.success(), "kubectl cp from: {}", text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kubectl cp from: {}",
+        text(&out.stderr)
+    );
     assert_eq!(std::fs::read(&back).expect("copied back"), big);
 
     // A container that is not the pod's: the apiserver's 400.
-    let stderr = text(&node.kubectl_timed(&["exec", "shell", "-c", "nope", "--", "true"], b"").stderr);
+    let stderr = text(
+        &node
+            .kubectl_timed(&["exec", "shell", "-c", "nope", "--", "true"], b"")
+            .stderr,
+    );
     assert!(
         stderr.contains("container nope is not valid for pod shell"),
         "{stderr}"
@@ -188,7 +206,11 @@ fn kubectl_exec_cp_port_forward_and_attach_reach_the_container() {
     let local_port = free_port();
     let mut forward = node
         .kube
-        .command(&["port-forward", "pod/web", &format!("{local_port}:{web_port}")])
+        .command(&[
+            "port-forward",
+            "pod/web",
+            &format!("{local_port}:{web_port}"),
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -204,7 +226,9 @@ fn kubectl_exec_cp_port_forward_and_attach_reach_the_container() {
     let first = first.expect("port-forward says it forwards");
     assert!(first.contains("Forwarding from 127.0.0.1"), "{first}");
     for a in answers {
-        let a = a.unwrap_or_else(|e| panic!("GET through port-forward: {e}\n{}", tail(&node.kube.log())));
+        let a = a.unwrap_or_else(|e| {
+            panic!("GET through port-forward: {e}\n{}", tail(&node.kube.log()))
+        });
         assert!(a.starts_with("HTTP/1.") && a.contains(" 200 "), "{a}");
         assert!(a.ends_with("hello from web\n"), "{a}");
     }
@@ -234,9 +258,14 @@ fn kubectl_exec_cp_port_forward_and_attach_reach_the_container() {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": {"name": "exec-get", "namespace": "default"},
         "rules": [{"apiGroups": [""], "resources": ["pods", "pods/exec"], "verbs": ["get"]}]});
-    node.kube.ok_in(&["apply", "-f", "-"], Some(&role.to_string()));
+    node.kube
+        .ok_in(&["apply", "-f", "-"], Some(&role.to_string()));
     node.kube.ok(&[
-        "create", "rolebinding", "exec-get", "--role=exec-get", "--user=jane",
+        "create",
+        "rolebinding",
+        "exec-get",
+        "--role=exec-get",
+        "--user=jane",
     ]);
     let out = node.kubectl_timed(&["exec", "--as=jane", "shell", "--", "true"], b"");
     assert!(!out.status.success());
@@ -250,7 +279,8 @@ fn kubectl_exec_cp_port_forward_and_attach_reach_the_container() {
         "metadata": {"name": "exec-get", "namespace": "default"},
         "rules": [{"apiGroups": [""], "resources": ["pods", "pods/exec"],
                    "verbs": ["get", "create"]}]});
-    node.kube.ok_in(&["apply", "-f", "-"], Some(&role.to_string()));
+    node.kube
+        .ok_in(&["apply", "-f", "-"], Some(&role.to_string()));
     let deadline = Instant::now() + KUBECTL_TIMEOUT;
     loop {
         let out = node.kubectl_timed(&["exec", "--as=jane", "shell", "--", "echo", "jane"], b"");

@@ -237,8 +237,9 @@ mod tests {
 
     #[test]
     fn the_query_names_the_command_and_the_streams() {
-        let (command, streams) =
-            options(Some("command=sh&command=-c&command=echo%20hi&input=1&output=1&error=1"));
+        let (command, streams) = options(Some(
+            "command=sh&command=-c&command=echo%20hi&input=1&output=1&error=1",
+        ));
         assert_eq!(command, ["sh", "-c", "echo hi"]);
         assert_eq!(
             streams,

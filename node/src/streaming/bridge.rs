@@ -87,7 +87,11 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<Stream, spdy::SpdyError>>,
 {
-    if wanted { f().await.map(Some) } else { Ok(None) }
+    if wanted {
+        f().await.map(Some)
+    } else {
+        Ok(None)
+    }
 }
 
 /// Runs one remote command between the client's `ws` (speaking `protocol`) and the
@@ -225,11 +229,7 @@ pub async fn port_forward<F: Forwarder>(ws: WebSocket, forwarder: Arc<F>) {
     let inbound = tokio::spawn(async move {
         while let Some(Ok(m)) = source.next().await {
             match m {
-                Message::Binary(b) => {
-                    if tunnel_write.write_all(&b).await.is_err() {
-                        break;
-                    }
-                }
+                Message::Binary(b) if tunnel_write.write_all(&b).await.is_err() => break,
                 Message::Close(_) => break,
                 _ => {}
             }

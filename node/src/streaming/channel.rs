@@ -79,8 +79,7 @@ pub fn accept<B: Default>(headers: &HeaderMap, protocol: &str) -> Result<Respons
     h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
     h.insert(
         header::SEC_WEBSOCKET_ACCEPT,
-        HeaderValue::from_str(&derive_accept_key(key.as_bytes()))
-            .map_err(|e| e.to_string())?,
+        HeaderValue::from_str(&derive_accept_key(key.as_bytes())).map_err(|e| e.to_string())?,
     );
     h.insert(
         header::SEC_WEBSOCKET_PROTOCOL,

@@ -7,7 +7,7 @@
 //! containerd's WebSocket protocols have no way to half-close stdin, SPDY's FIN does, so
 //! `[255, 0]` on the WebSocket becomes a FIN on the runtime's stdin stream and `cat` sees EOF.
 
-pub mod spdy;
 pub mod bridge;
 pub mod channel;
 pub mod runtime;
+pub mod spdy;

@@ -39,7 +39,8 @@ pub async fn connect(url: &str, protocol: &str) -> Result<Session, RuntimeStream
 }
 
 async fn upgrade(url: &str, protocol: &str) -> Result<Session, RuntimeStreamError> {
-    let fail = |e: &dyn std::fmt::Display| RuntimeStreamError(format!("streaming server {url}: {e}"));
+    let fail =
+        |e: &dyn std::fmt::Display| RuntimeStreamError(format!("streaming server {url}: {e}"));
     let uri: http::Uri = url.parse().map_err(|e| fail(&e))?;
     if uri.scheme_str() != Some("http") {
         return Err(fail(&"only plain-HTTP streaming servers are supported"));

@@ -76,16 +76,71 @@ pub const RST_CANCEL: u32 = 5;
 /// The words of SPDY/3's header-compression dictionary, each written with a 4-byte
 /// big-endian length (SPDY/3 draft, section 2.6.10.1; moby/spdystream `spdy/dictionary.go`).
 const DICTIONARY_WORDS: [&str; 65] = [
-    "options", "head", "post", "put", "delete", "trace", "accept", "accept-charset",
-    "accept-encoding", "accept-language", "accept-ranges", "age", "allow", "authorization",
-    "cache-control", "connection", "content-base", "content-encoding", "content-language",
-    "content-length", "content-location", "content-md5", "content-range", "content-type",
-    "date", "etag", "expect", "expires", "from", "host", "if-match", "if-modified-since",
-    "if-none-match", "if-range", "if-unmodified-since", "last-modified", "location",
-    "max-forwards", "pragma", "proxy-authenticate", "proxy-authorization", "range", "referer",
-    "retry-after", "server", "te", "trailer", "transfer-encoding", "upgrade", "user-agent",
-    "vary", "via", "warning", "www-authenticate", "method", "get", "status", "200 OK",
-    "version", "HTTP/1.1", "url", "public", "set-cookie", "keep-alive", "origin",
+    "options",
+    "head",
+    "post",
+    "put",
+    "delete",
+    "trace",
+    "accept",
+    "accept-charset",
+    "accept-encoding",
+    "accept-language",
+    "accept-ranges",
+    "age",
+    "allow",
+    "authorization",
+    "cache-control",
+    "connection",
+    "content-base",
+    "content-encoding",
+    "content-language",
+    "content-length",
+    "content-location",
+    "content-md5",
+    "content-range",
+    "content-type",
+    "date",
+    "etag",
+    "expect",
+    "expires",
+    "from",
+    "host",
+    "if-match",
+    "if-modified-since",
+    "if-none-match",
+    "if-range",
+    "if-unmodified-since",
+    "last-modified",
+    "location",
+    "max-forwards",
+    "pragma",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "range",
+    "referer",
+    "retry-after",
+    "server",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "user-agent",
+    "vary",
+    "via",
+    "warning",
+    "www-authenticate",
+    "method",
+    "get",
+    "status",
+    "200 OK",
+    "version",
+    "HTTP/1.1",
+    "url",
+    "public",
+    "set-cookie",
+    "keep-alive",
+    "origin",
 ];
 
 /// The dictionary's tail, written as it is after the words.
@@ -169,7 +224,11 @@ pub enum Frame {
         headers: Headers,
     },
     /// Accepts a stream.
-    SynReply { id: u32, fin: bool, headers: Headers },
+    SynReply {
+        id: u32,
+        fin: bool,
+        headers: Headers,
+    },
     /// Ends a stream abnormally.
     RstStream { id: u32, status: u32 },
     /// Session settings (read and ignored).
@@ -179,7 +238,11 @@ pub enum Frame {
     /// The session ends.
     GoAway { last_good: u32, status: u32 },
     /// More headers of a stream.
-    Headers { id: u32, fin: bool, headers: Headers },
+    Headers {
+        id: u32,
+        fin: bool,
+        headers: Headers,
+    },
     /// Flow control (read and ignored).
     WindowUpdate { id: u32, delta: u32 },
     /// A stream's bytes; `fin` half-closes it.
@@ -781,7 +844,9 @@ async fn read_frames<R: AsyncRead + Unpin>(
         };
         let Some(frame) = frame else { return Ok(()) };
         match frame {
-            Frame::SynStream { id, fin, headers, .. } => {
+            Frame::SynStream {
+                id, fin, headers, ..
+            } => {
                 // The peer's ids are odd if it is the client.
                 let from_client = id % 2 == 1;
                 if id == 0 || from_client != server {
@@ -852,11 +917,7 @@ async fn read_frames<R: AsyncRead + Unpin>(
                 }
             }
             Frame::Data { id, fin, data } => {
-                let tx = shared
-                    .streams
-                    .lock()
-                    .get(&id)
-                    .and_then(|e| e.data.clone());
+                let tx = shared.streams.lock().get(&id).and_then(|e| e.data.clone());
                 if let Some(tx) = tx
                     && !data.is_empty()
                 {
@@ -917,7 +978,11 @@ mod tests {
             a = (a + u32::from(x)) % 65521;
             b = (b + a) % 65521;
         }
-        assert_eq!((b << 16) | a, 0xe3c6_a7c2, "adler32 of the published dictionary");
+        assert_eq!(
+            (b << 16) | a,
+            0xe3c6_a7c2,
+            "adler32 of the published dictionary"
+        );
     }
 
     #[tokio::test]

@@ -32,8 +32,7 @@ use skerry_api::catalogue;
 use crate::auth::UserInfo;
 use crate::handler::ApiServer;
 use crate::podlogs::{
-    KUBELET_RESPONSE_TIMEOUT, connect_kubelet, container_of, escape, kubelet_address,
-    kubelet_error,
+    KUBELET_RESPONSE_TIMEOUT, connect_kubelet, container_of, escape, kubelet_address, kubelet_error,
 };
 use crate::request::RequestInfo;
 use crate::response::Body;
@@ -83,12 +82,7 @@ pub async fn serve(
         form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes())
             .into_owned()
             .collect();
-    let param = |k: &str| {
-        query
-            .iter()
-            .find(|(n, _)| n == k)
-            .map(|(_, v)| v.as_str())
-    };
+    let param = |k: &str| query.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     let pods = catalogue::lookup("", "v1", "pods").expect("pods are in the catalogue");
     let pod = current(server, pods, Some(namespace), name).await?;
     let pod = pod.value();
@@ -124,7 +118,11 @@ pub async fn serve(
                     "you must specify at least 1 of stdin, stdout, stderr",
                 ));
             }
-            let verb = if subresource == "exec" { "exec" } else { "attach" };
+            let verb = if subresource == "exec" {
+                "exec"
+            } else {
+                "attach"
+            };
             format!(
                 "/{verb}/{}/{}/{}?{}",
                 escape(namespace),
@@ -227,4 +225,3 @@ fn copy_handshake(from: &HeaderMap, to: &mut HeaderMap) {
         }
     }
 }
-

@@ -169,7 +169,11 @@ fn validate(req: &Request) -> Result<String, ApiError> {
 }
 
 /// The container whose log is asked for (upstream `LogLocation`).
-pub(crate) fn container_of(pod: &Value, name: &str, asked: Option<&str>) -> Result<String, ApiError> {
+pub(crate) fn container_of(
+    pod: &Value,
+    name: &str,
+    asked: Option<&str>,
+) -> Result<String, ApiError> {
     let names = |field: &str| -> Vec<String> {
         pod.pointer(&format!("/spec/{field}"))
             .and_then(Value::as_array)
