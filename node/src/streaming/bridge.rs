@@ -23,7 +23,10 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
-use super::channel::{self, WebSocket};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_tungstenite::WebSocketStream;
+
+use super::channel;
 use super::runtime;
 use super::spdy::{self, Headers, Session, Stream, StreamWriter};
 
@@ -96,7 +99,10 @@ where
 
 /// Runs one remote command between the client's `ws` (speaking `protocol`) and the
 /// runtime's streams, until the command ends or the client goes.
-pub async fn remote_command(ws: WebSocket, protocol: &str, runtime: RuntimeStreams) {
+pub async fn remote_command<S>(ws: WebSocketStream<S>, protocol: &str, runtime: RuntimeStreams)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let RuntimeStreams {
         session,
         error,
@@ -221,7 +227,11 @@ pub trait Forwarder: Send + Sync + 'static {
 
 /// Runs a port-forward tunnel: SPDY frames in the WebSocket's binary messages, this side the
 /// SPDY server. Ends when the client closes the WebSocket.
-pub async fn port_forward<F: Forwarder>(ws: WebSocket, forwarder: Arc<F>) {
+pub async fn port_forward<S, F>(ws: WebSocketStream<S>, forwarder: Arc<F>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Forwarder,
+{
     let (tunnel, ours) = tokio::io::duplex(spdy::MAX_FRAME);
     let (mut sink, mut source) = ws.split();
     let (mut tunnel_read, mut tunnel_write) = tokio::io::split(tunnel);
@@ -344,4 +354,100 @@ async fn pipe(mut from: mpsc::Receiver<Bytes>, to: StreamWriter) {
         }
     }
     let _ = to.close().await;
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a test panics to fail")]
+mod tests {
+    use super::*;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    /// A runtime that upper-cases stdin to stdout once stdin ends, says `e` on stderr and
+    /// reports exit code 7, as containerd's v4 server writes it.
+    async fn fake_runtime(mut incoming: mpsc::Receiver<Stream>) {
+        let mut by_type = HashMap::new();
+        while by_type.len() < 4 {
+            let s = incoming.recv().await.unwrap();
+            by_type.insert(s.headers.get("streamtype").unwrap().to_string(), s);
+        }
+        let mut stdin = by_type.remove("stdin").unwrap();
+        let mut got = Vec::new();
+        while let Some(b) = stdin.recv().await {
+            got.extend_from_slice(&b);
+        }
+        let stdout = by_type.remove("stdout").unwrap().writer();
+        stdout.send(&got.to_ascii_uppercase()).await.unwrap();
+        stdout.close().await.unwrap();
+        let stderr = by_type.remove("stderr").unwrap().writer();
+        stderr.send(b"e").await.unwrap();
+        stderr.close().await.unwrap();
+        let error = by_type.remove("error").unwrap().writer();
+        error.send(STATUS_7.as_bytes()).await.unwrap();
+        error.close().await.unwrap();
+    }
+
+    const STATUS_7: &str = r#"{"metadata":{},"status":"Failure","reason":"NonZeroExitCode","details":{"causes":[{"reason":"ExitCode","message":"7"}]}}"#;
+
+    #[tokio::test]
+    async fn v5_stdin_close_reaches_the_runtime_and_the_status_precedes_a_normal_close() {
+        let (kubelet_io, runtime_io) = tokio::io::duplex(64 * 1024);
+        let (kubelet_session, _) = Session::new(kubelet_io, false);
+        let (_runtime_session, incoming) = Session::new(runtime_io, true);
+        let runtime = tokio::spawn(fake_runtime(incoming));
+        let streams = open_streams(
+            kubelet_session,
+            Streams {
+                stdin: true,
+                stdout: true,
+                stderr: true,
+                tty: false,
+            },
+        )
+        .await
+        .unwrap();
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        let server = WebSocketStream::from_raw_socket(server_io, Role::Server, None).await;
+        let mut client = WebSocketStream::from_raw_socket(client_io, Role::Client, None).await;
+        let bridge = tokio::spawn(remote_command(server, channel::V5, streams));
+        client
+            .send(Message::Binary(Bytes::from_static(b"\x00hello")))
+            .await
+            .unwrap();
+        client
+            .send(Message::Binary(Bytes::from_static(&[
+                channel::CLOSE,
+                channel::STDIN,
+            ])))
+            .await
+            .unwrap();
+        let mut by_channel: HashMap<u8, Vec<u8>> = HashMap::new();
+        let mut order = Vec::new();
+        // Without the close reaching stdin the runtime never answers: a bounded wait fails.
+        let wait = std::time::Duration::from_secs(10);
+        let close = loop {
+            match tokio::time::timeout(wait, client.next())
+                .await
+                .expect("an answer")
+                .unwrap()
+                .unwrap()
+            {
+                Message::Binary(b) => {
+                    order.push(b[0]);
+                    by_channel
+                        .entry(b[0])
+                        .or_default()
+                        .extend_from_slice(&b[1..]);
+                }
+                Message::Close(c) => break c,
+                _ => {}
+            }
+        };
+        assert_eq!(by_channel[&channel::STDOUT], b"HELLO");
+        assert_eq!(by_channel[&channel::STDERR], b"e");
+        assert_eq!(by_channel[&channel::ERROR], STATUS_7.as_bytes());
+        assert_eq!(order.last(), Some(&channel::ERROR), "the status comes last");
+        assert_eq!(close.unwrap().code, CloseCode::Normal);
+        runtime.await.unwrap();
+        bridge.await.unwrap();
+    }
 }
