@@ -156,7 +156,9 @@ fn kubectl_exec_cp_port_forward_and_attach_reach_the_container() {
         "{stderr}"
     );
     assert_eq!(out.status.code(), Some(3));
+    let started = Instant::now();
     let ok = node.kubectl_timed(&["exec", "shell", "--", "echo", "fine"], b"");
+    eprintln!("kubectl exec echo: {:?}", started.elapsed());
     assert!(ok.status.success(), "{}", text(&ok.stderr));
     assert_eq!(text(&ok.stdout), "fine\n");
 
@@ -173,7 +175,9 @@ fn kubectl_exec_cp_port_forward_and_attach_reach_the_container() {
     let local = node.kube.path("payload.bin");
     std::fs::write(&local, &big).expect("write payload");
     let local_arg = local.display().to_string();
+    let started = Instant::now();
     let out = node.kubectl_timed(&["cp", &local_arg, "shell:/tmp/payload.bin"], b"");
+    eprintln!("kubectl cp of 300 kB into the pod: {:?}", started.elapsed());
     assert!(out.status.success(), "kubectl cp to: {}", text(&out.stderr));
     let out = node.kubectl_timed(
         &["exec", "shell", "--", "wc", "-c", "/tmp/payload.bin"],
@@ -198,6 +202,23 @@ fn kubectl_exec_cp_port_forward_and_attach_reach_the_container() {
     );
     assert!(
         stderr.contains("container nope is not valid for pod shell"),
+        "{stderr}"
+    );
+
+    // A pod not yet bound to a node has nowhere to exec (the apiserver's 400).
+    let pending = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nowhere"},
+        "spec": {"nodeSelector": {"no-such": "node"},
+                 "containers": [{"name": "c", "image": IMAGE}]}});
+    node.kube
+        .ok_in(&["apply", "-f", "-"], Some(&pending.to_string()));
+    let stderr = text(
+        &node
+            .kubectl_timed(&["exec", "nowhere", "--", "true"], b"")
+            .stderr,
+    );
+    assert!(
+        stderr.contains("pod nowhere does not have a host assigned"),
         "{stderr}"
     );
 
