@@ -38,6 +38,15 @@ use crate::request::RequestInfo;
 use crate::response::Body;
 use crate::verbs::current;
 
+/// Proxied streaming sessions open at once in this process; one more is a 429. An upgraded
+/// connection leaves the server's connection cap once hyper hands it over, and each holds
+/// two sockets and a copy task for as long as the exec lasts; kube-apiserver has no such cap
+/// (its bound is the process's file limit). The kubelet caps its own sessions too.
+pub const STREAMING_SESSIONS_MAX: usize = 2048;
+
+static SESSIONS: std::sync::LazyLock<Arc<tokio::sync::Semaphore>> =
+    std::sync::LazyLock::new(|| Arc::new(tokio::sync::Semaphore::new(STREAMING_SESSIONS_MAX)));
+
 /// The headers of a WebSocket handshake passed to the kubelet and back.
 const HANDSHAKE_HEADERS: [header::HeaderName; 4] = [
     header::SEC_WEBSOCKET_KEY,
@@ -157,6 +166,12 @@ pub async fn serve(
     let Some(client_upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
         return Err(ApiError::bad_request("the connection cannot be upgraded"));
     };
+    let Ok(permit) = SESSIONS.clone().try_acquire_owned() else {
+        return Err(ApiError::too_many_requests(
+            "too many streaming sessions, please try again later",
+            1,
+        ));
+    };
     let (tls, target) = connect_kubelet(client, &host, port).await?;
     let unavailable = |e: String| ApiError::service_unavailable(e);
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
@@ -189,6 +204,7 @@ pub async fn serve(
     copy_handshake(response.headers(), answer.headers_mut());
     let kubelet_upgrade = hyper::upgrade::on(response);
     tokio::spawn(async move {
+        let _permit = permit;
         let (client, kubelet) = match tokio::join!(client_upgrade, kubelet_upgrade) {
             (Ok(c), Ok(k)) => (c, k),
             (c, k) => {
