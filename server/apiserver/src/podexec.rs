@@ -6,7 +6,8 @@
 //!
 //! The request is authorized twice: as its method's verb by the request path (`get` for a
 //! WebSocket's GET), then as `create` on the subresource, since a WebSocket upgrade starts a
-//! process just as SPDY's POST does (upstream's `AuthorizePodWebsocketUpgradeCreatePermission`).
+//! process just as SPDY's POST does (upstream's `AuthorizePodWebsocketUpgradeCreatePermission`,
+//! on by default from Kubernetes 1.35; 1.32 checks only `get` for a WebSocket).
 //! The pod must be bound and the container one of its own; then the kubelet's
 //! `/exec/{namespace}/{pod}/{container}` (`/attach/...`, `/portForward/{namespace}/{pod}`) is
 //! asked for the same upgrade, with kubectl's `stdin`/`stdout`/`stderr`/`tty` as the
