@@ -17,6 +17,7 @@ pub mod nodestatus;
 pub mod packages;
 pub mod registries;
 pub mod server;
+pub mod streaming;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod volume;

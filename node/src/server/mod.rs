@@ -1,7 +1,8 @@
 //! The kubelet's HTTPS API on `--kubelet-port` (10250), upstream `pkg/kubelet/server/server.go`:
 //! `/healthz`, `/pods` (the pods this kubelet runs, a PodList) and
 //! `/containerLogs/{namespace}/{pod}/{container}` (what the apiserver proxies `pods/log` to,
-//! read by [`logs`]).
+//! read by [`logs`]), and the streaming paths `/exec`, `/attach`, `/portForward`
+//! ([`streaming`]).
 //!
 //! Every request is authenticated and authorized as upstream's webhook modes do it
 //! ([`auth`]): a client certificate the cluster CA signed (user and groups from its CN and
@@ -16,6 +17,7 @@
 
 pub mod auth;
 pub mod logs;
+pub mod streaming;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -76,6 +78,10 @@ pub const INFLIGHT_MAX: usize = 256;
 /// server keeps).
 pub const MAX_HEADER_BYTES: usize = 1 << 20;
 
+/// Streaming sessions (exec, attach, port-forward) open at once; one more is a 429. Each
+/// holds a WebSocket, a runtime connection and a few tasks for as long as it lasts.
+pub const SESSIONS_MAX: usize = 128;
+
 /// Log chunks buffered between a file reader and its connection.
 const LOG_CHANNEL: usize = 16;
 
@@ -88,6 +94,7 @@ pub struct KubeletServer {
     kubelet: Arc<Kubelet>,
     auth: Auth,
     inflight: Arc<Semaphore>,
+    sessions: Arc<Semaphore>,
 }
 
 impl KubeletServer {
@@ -98,6 +105,7 @@ impl KubeletServer {
             kubelet,
             auth,
             inflight: Arc::new(Semaphore::new(INFLIGHT_MAX)),
+            sessions: Arc::new(Semaphore::new(SESSIONS_MAX)),
         })
     }
 
@@ -168,7 +176,9 @@ impl KubeletServer {
             .timer(TokioTimer::new())
             .header_read_timeout(READ_HEADER_TIMEOUT)
             .max_buf_size(MAX_HEADER_BYTES);
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
         tokio::pin!(conn);
         tokio::select! {
             r = conn.as_mut() => if let Err(e) = r { debug!(%remote, error = %e, "kubelet: connection ended") },
@@ -224,7 +234,19 @@ impl KubeletServer {
         let query = parse_query(req.uri().query());
         let path = req.uri().path().to_string();
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        match (req.method(), segments.as_slice()) {
+        let method = req.method().clone();
+        match (&method, segments.as_slice()) {
+            (&Method::GET | &Method::POST, ["exec", ns, pod, container]) => {
+                self.remote_command(req, streaming::Kind::Exec, ns, pod, container)
+                    .await
+            }
+            (&Method::GET | &Method::POST, ["attach", ns, pod, container]) => {
+                self.remote_command(req, streaming::Kind::Attach, ns, pod, container)
+                    .await
+            }
+            (&Method::GET | &Method::POST, ["portForward", ns, pod]) => {
+                self.port_forward(req, ns, pod).await
+            }
             (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok"),
             (&Method::GET, ["pods"] | ["pods", ""]) => self.pods(),
             (&Method::GET, ["containerLogs", ns, pod, container]) => {

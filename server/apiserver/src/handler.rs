@@ -270,6 +270,12 @@ impl ApiServer {
         };
         match self.authorize(&info, &user) {
             Err(e) => response::error(&e),
+            // exec, attach, port-forward: the connection itself is upgraded and proxied.
+            Ok(()) if crate::podexec::handles(&info) => {
+                crate::podexec::serve(self, parts, &info, &user)
+                    .await
+                    .unwrap_or_else(|e| response::error(&e))
+            }
             Ok(()) => {
                 let body = if matches!(parts.method, Method::GET | Method::HEAD) {
                     Ok(Bytes::new())
@@ -403,7 +409,7 @@ impl ApiServer {
         crate::node_authz::authorize(attributes, &self.node_authorizer, self.rbac.as_ref())
     }
 
-    fn authorize(&self, info: &RequestInfo, user: &UserInfo) -> Result<(), ApiError> {
+    pub(crate) fn authorize(&self, info: &RequestInfo, user: &UserInfo) -> Result<(), ApiError> {
         let attributes = if info.resource_request {
             let mut a = Attributes::resource(
                 user.clone(),

@@ -33,6 +33,7 @@ pub mod node_authz;
 pub mod node_graph;
 pub mod noderestriction;
 pub mod openapi;
+pub mod podexec;
 pub mod podlogs;
 pub mod rbac_cache;
 pub mod request;

@@ -169,7 +169,11 @@ fn validate(req: &Request) -> Result<String, ApiError> {
 }
 
 /// The container whose log is asked for (upstream `LogLocation`).
-fn container_of(pod: &Value, name: &str, asked: Option<&str>) -> Result<String, ApiError> {
+pub(crate) fn container_of(
+    pod: &Value,
+    name: &str,
+    asked: Option<&str>,
+) -> Result<String, ApiError> {
     let names = |field: &str| -> Vec<String> {
         pod.pointer(&format!("/spec/{field}"))
             .and_then(Value::as_array)
@@ -225,7 +229,7 @@ fn container_of(pod: &Value, name: &str, asked: Option<&str>) -> Result<String, 
 }
 
 /// The node's kubelet address and port (upstream `NodeConnectionInfoGetter`).
-fn kubelet_address(node: &Value, node_name: &str) -> Result<(String, u16), ApiError> {
+pub(crate) fn kubelet_address(node: &Value, node_name: &str) -> Result<(String, u16), ApiError> {
     let addresses = node
         .pointer("/status/addresses")
         .and_then(Value::as_array)
@@ -260,14 +264,20 @@ fn kubelet_address(node: &Value, node_name: &str) -> Result<(String, u16), ApiEr
     Ok((host.to_string(), port))
 }
 
-/// Calls the kubelet and streams its answer through; its errors become Statuses with its
-/// code and text (upstream `LocationStreamer` with `genericrest.NewGenericHttpResponseChecker`).
-async fn proxy(
+/// Connects to the kubelet at `host:port` and finishes TLS with the apiserver's
+/// kubelet-client certificate; the errors are 503s naming the kubelet, as upstream's proxy
+/// transport's. Also the address as `host:port` for the `Host` header and messages.
+pub(crate) async fn connect_kubelet(
     client: &KubeletClient,
     host: &str,
     port: u16,
-    path: &str,
-) -> Result<Response<Body>, ApiError> {
+) -> Result<
+    (
+        tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+        String,
+    ),
+    ApiError,
+> {
     let unavailable = |e: String| ApiError::service_unavailable(e);
     let target = format!("{}:{port}", bracket(host));
     let stream = tokio::time::timeout(
@@ -284,6 +294,40 @@ async fn proxy(
     let tls = skerry_tls::accept::connect_tls(&connector, name, stream, KUBELET_TLS_TIMEOUT)
         .await
         .map_err(|e| unavailable(format!("kubelet {target}: {e}")))?;
+    Ok((tls, target))
+}
+
+/// A kubelet's error answer as a Status with its code and text (upstream
+/// `genericrest.NewGenericHttpResponseChecker`).
+pub(crate) async fn kubelet_error(response: http::Response<hyper::body::Incoming>) -> ApiError {
+    let status = response.status().as_u16();
+    let body = Limited::new(response.into_body(), ERROR_BODY_MAX)
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let message = String::from_utf8_lossy(&body).trim().to_string();
+    let reason = match status {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        429 => "TooManyRequests",
+        _ => "InternalError",
+    };
+    ApiError::new(status, reason, message)
+}
+
+/// Calls the kubelet and streams its answer through; its errors become Statuses with its
+/// code and text (upstream `LocationStreamer` with `genericrest.NewGenericHttpResponseChecker`).
+async fn proxy(
+    client: &KubeletClient,
+    host: &str,
+    port: u16,
+    path: &str,
+) -> Result<Response<Body>, ApiError> {
+    let unavailable = |e: String| ApiError::service_unavailable(e);
+    let (tls, target) = connect_kubelet(client, host, port).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
         .map_err(|e| unavailable(format!("kubelet {target}: {e}")))?;
@@ -298,23 +342,8 @@ async fn proxy(
         .await
         .map_err(|_| ApiError::timeout(format!("kubelet {target} did not answer"), 1))?
         .map_err(|e| unavailable(format!("kubelet {target}: {e}")))?;
-    let status = response.status().as_u16();
-    if !(200..300).contains(&status) {
-        let body = Limited::new(response.into_body(), ERROR_BODY_MAX)
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        let message = String::from_utf8_lossy(&body).trim().to_string();
-        let reason = match status {
-            400 => "BadRequest",
-            401 => "Unauthorized",
-            403 => "Forbidden",
-            404 => "NotFound",
-            429 => "TooManyRequests",
-            _ => "InternalError",
-        };
-        return Err(ApiError::new(status, reason, message));
+    if !response.status().is_success() {
+        return Err(kubelet_error(response).await);
     }
     // The body as it arrives; a transport error ends the stream (the client sees a short
     // read, as with upstream's `io.Copy` cut short).
@@ -351,7 +380,7 @@ fn bracket(host: &str) -> String {
 }
 
 /// Percent-encodes what is not unreserved in a path segment or query value.
-fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
