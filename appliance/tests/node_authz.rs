@@ -325,10 +325,21 @@ fn nodes_reach_only_their_own_pods_objects_and_write_only_their_own() {
         r#""containers""#,
         r#""volumes":[{"name":"s","secret":{"secretName":"db"}}],"containers""#,
     );
+    // The ServiceAccount admission's mirror-pod rule runs first, as upstream orders the
+    // plugins (serviceaccount before noderestriction); a configmap is NodeRestriction's alone.
     a.forbidden(
         &["create", "-f", "-"],
         Some(&with_secret),
-        "node \"authz-a\" can not create pods that reference secrets",
+        "a mirror pod may not reference secrets",
+    );
+    let with_configmap = mirror.replace(
+        r#""containers""#,
+        r#""volumes":[{"name":"s","configMap":{"name":"settings"}}],"containers""#,
+    );
+    a.forbidden(
+        &["create", "-f", "-"],
+        Some(&with_configmap),
+        "node \"authz-a\" can not create pods that reference configmaps",
     );
 
     // The kubelet still works after all that: its pod stays running.

@@ -182,7 +182,10 @@ fn static_pods_run_from_the_manifest_folder_with_their_mirrors() {
         .unwrap_or_default()
         .to_string();
     let deleted = Instant::now();
-    node.kube.ok(&["delete", "pod", MIRROR, "--timeout=60s"]);
+    // Not waited for by kubectl: the kubelet deletes the mirror and creates its successor in
+    // one sync, and kubectl's wait (a GET, then a LIST and WATCH by name) can miss the
+    // deletion when the successor is already listed; the UID below is the check.
+    node.kube.ok(&["delete", "pod", MIRROR, "--wait=false"]);
     let again = node.wait_pod(MIRROR, "recreated and Running", |p| {
         p["metadata"]["uid"] != first_mirror_uid.as_str()
             && running(p)
