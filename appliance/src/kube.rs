@@ -119,6 +119,7 @@ pub fn start(
         // The controllers' workqueues (kube-controller-manager serves these on its own port).
         extra_metrics: Some(Arc::new(skerry_client::workqueue::metrics::encode_text)),
         kubelet_client: Some(kubelet_client(&pki)?),
+        service_account_admission: true,
     };
     let pki = Arc::new(pki);
     // The controllers talk to this member's own apiserver on the loopback.

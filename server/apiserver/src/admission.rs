@@ -11,6 +11,7 @@
 //!   scheduler's queue and preemption read one integer and never a PriorityClass; a pod
 //!   naming no class gets the global default class, else priority 0. A PriorityClass may be
 //!   the global default only while no other class is.
+//! - ServiceAccount (between the two, as upstream orders them) — `crate::serviceaccount_admission`.
 //!
 //! The Priority plugin reads classes from the `priorityclasses` watch cache, as
 //! kube-apiserver's plugin reads its informer: a pod create costs a map lookup, not a store
@@ -152,6 +153,7 @@ pub async fn admit_create(
     user: &UserInfo,
 ) -> Result<(), ApiError> {
     admit_namespace(server, resource, namespace).await?;
+    crate::serviceaccount_admission::admit_create(server, resource, namespace, object).await?;
     priority_admit_create(server, resource, object).await?;
     check_owner_refs(server, resource, None, object, user)
 }
@@ -164,6 +166,7 @@ pub async fn admit_update(
     new: &mut Value,
     user: &UserInfo,
 ) -> Result<(), ApiError> {
+    crate::serviceaccount_admission::admit_update(server, resource, new);
     priority_admit_update(server, resource, old, new).await?;
     check_owner_refs(server, resource, Some(old), new, user)
 }
@@ -313,7 +316,11 @@ async fn priority_class(server: &ApiServer, name: &str) -> Result<Option<Value>,
 }
 
 /// A 403 about one object, worded as admission's `NewForbidden`.
-fn admission_forbidden(resource: &ResourceInfo, object: &Value, reason: &str) -> ApiError {
+pub(crate) fn admission_forbidden(
+    resource: &ResourceInfo,
+    object: &Value,
+    reason: &str,
+) -> ApiError {
     let name = object
         .pointer("/metadata/name")
         .and_then(Value::as_str)
