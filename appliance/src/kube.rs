@@ -90,6 +90,7 @@ pub fn start(
             Some(&args.service_cluster_ip_range),
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?,
+        root_ca_pem: pki.ca_cert_pem().to_string(),
     };
     let host = match args.bind_address {
         a if a.is_unspecified() => "127.0.0.1".to_string(),
