@@ -90,6 +90,7 @@ pub fn start(
             Some(&args.service_cluster_ip_range),
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?,
+        root_ca_pem: pki.ca_cert_pem().to_string(),
     };
     let host = match args.bind_address {
         a if a.is_unspecified() => "127.0.0.1".to_string(),
@@ -119,6 +120,7 @@ pub fn start(
         // The controllers' workqueues (kube-controller-manager serves these on its own port).
         extra_metrics: Some(Arc::new(skerry_client::workqueue::metrics::encode_text)),
         kubelet_client: Some(kubelet_client(&pki)?),
+        service_account_admission: true,
     };
     let pki = Arc::new(pki);
     // The controllers talk to this member's own apiserver on the loopback.

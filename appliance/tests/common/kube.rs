@@ -106,7 +106,15 @@ impl Kube {
         loop {
             if kube.kubeconfig.exists() {
                 let out = kube.kubectl_output(&["get", "--raw", "/readyz"], None);
-                if out.status.success() {
+                // Ready, and the controllers are running: the `default` ServiceAccount
+                // exists, which the ServiceAccount admission requires of every pod in
+                // `default` (a client would retry the 403; the tests create pods at once).
+                if out.status.success()
+                    && kube
+                        .kubectl_output(&["get", "serviceaccount", "default"], None)
+                        .status
+                        .success()
+                {
                     return kube;
                 }
             }

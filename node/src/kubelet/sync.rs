@@ -530,8 +530,8 @@ impl Kubelet {
     }
 
     /// The credentials to try, in order, for a pull of `image` (normalized): those of the
-    /// pod's `imagePullSecrets` (or, when it names none, its ServiceAccount's, as upstream's
-    /// ServiceAccount admission copies them) matched by the keyring, then the registries
+    /// pod's `imagePullSecrets` (its ServiceAccount's when it named none: the ServiceAccount
+    /// admission copied them on create) matched by the keyring, then the registries
     /// file's. Empty: pull without credentials. A secret that is missing or unreadable is a
     /// `FailedToRetrieveImagePullSecret` event and is skipped (`getPullSecretsForPod`).
     async fn pull_credentials(
@@ -542,32 +542,15 @@ impl Kubelet {
         use crate::env::Lookup as _;
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let spec = pod.spec.as_ref();
-        let mut names: Vec<String> = spec
+        // The ServiceAccount's pull secrets are already here: the apiserver's ServiceAccount
+        // admission copies them into a pod naming none (the node may not read accounts).
+        let names: Vec<String> = spec
             .and_then(|s| s.image_pull_secrets.as_ref())
             .into_iter()
             .flatten()
             .map(|r| r.name.clone())
             .filter(|n| !n.is_empty())
             .collect();
-        if names.is_empty() {
-            let account = spec
-                .and_then(|s| s.service_account_name.clone())
-                .filter(|n| !n.is_empty())
-                .unwrap_or_else(|| "default".to_string());
-            let api: skerry_client::Api<k8s_openapi::api::core::v1::ServiceAccount> =
-                self.client.api(Some(&namespace));
-            match api.get_opt(&account).await {
-                Ok(Some(sa)) => names.extend(
-                    sa.image_pull_secrets
-                        .into_iter()
-                        .flatten()
-                        .map(|r| r.name)
-                        .filter(|n| !n.is_empty()),
-                ),
-                Ok(None) => {}
-                Err(e) => debug!(%account, error = %e, "reading the pod's service account failed"),
-            }
-        }
         let mut secrets = Vec::new();
         let mut failed = Vec::new();
         for name in names {

@@ -23,6 +23,16 @@ const GENERATE_NAME_SUFFIX_LEN: usize = 5;
 /// (Kubernetes' `maxGeneratedNameLength = 63 - 5`).
 const GENERATE_NAME_PREFIX_MAX: usize = 63 - GENERATE_NAME_SUFFIX_LEN;
 
+/// Five random characters of [`GENERATE_NAME_ALPHABET`], as Kubernetes'
+/// `names.SimpleNameGenerator` appends to a `generateName` prefix (admission plugins name
+/// what they add with it too: the `kube-api-access-` volume).
+pub fn random_suffix() -> String {
+    let mut rng = rand::rng();
+    (0..GENERATE_NAME_SUFFIX_LEN)
+        .map(|_| GENERATE_NAME_ALPHABET[rng.random_range(0..GENERATE_NAME_ALPHABET.len())] as char)
+        .collect()
+}
+
 /// Now, as Kubernetes writes timestamps (RFC 3339, whole seconds, UTC).
 pub fn now() -> String {
     let now = jiff::Timestamp::now();
@@ -107,14 +117,7 @@ pub fn prepare_create(
         match meta.get("generateName").and_then(Value::as_str) {
             Some(prefix) if !prefix.is_empty() => {
                 let prefix: String = prefix.chars().take(GENERATE_NAME_PREFIX_MAX).collect();
-                let mut rng = rand::rng();
-                let suffix: String = (0..GENERATE_NAME_SUFFIX_LEN)
-                    .map(|_| {
-                        GENERATE_NAME_ALPHABET[rng.random_range(0..GENERATE_NAME_ALPHABET.len())]
-                            as char
-                    })
-                    .collect();
-                meta.insert("name".into(), json!(format!("{prefix}{suffix}")));
+                meta.insert("name".into(), json!(format!("{prefix}{}", random_suffix())));
             }
             _ => {
                 return Err(ApiError::invalid(

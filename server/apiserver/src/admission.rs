@@ -12,9 +12,9 @@
 //!   scheduler's queue and preemption read one integer and never a PriorityClass; a pod
 //!   naming no class gets the global default class, else priority 0. A PriorityClass may be
 //!   the global default only while no other class is.
-//!
-//! - ServiceAccount's mirror-pod rules ([`mirror_pods`]) — a mirror pod may not reference
-//!   service accounts, secrets or service account tokens.
+//! - ServiceAccount (between the two, as upstream orders them) — `crate::serviceaccount_admission`,
+//!   whose mirror-pod rules (no service account, secrets, configmaps or token projections) run
+//!   before NodeRestriction's (`crate::noderestriction`), as upstream's plugin order has it.
 //!
 //! The Priority plugin reads classes from the `priorityclasses` watch cache, as
 //! kube-apiserver's plugin reads its informer: a pod create costs a map lookup, not a store
@@ -32,7 +32,6 @@ use crate::auth::UserInfo;
 use crate::auth::rbac::{can_set_blocking_owner_finalizers, new_blocking_owner_refs};
 use crate::handler::ApiServer;
 
-pub mod mirror_pods;
 
 fn owner_refs(object: &Value) -> Vec<OwnerReference> {
     object
@@ -158,7 +157,7 @@ pub async fn admit_create(
     user: &UserInfo,
 ) -> Result<(), ApiError> {
     admit_namespace(server, resource, namespace).await?;
-    mirror_pods::admit_create(resource, object)?;
+    crate::serviceaccount_admission::admit_create(server, resource, namespace, object).await?;
     crate::noderestriction::admit(
         server,
         &crate::noderestriction::Request {
@@ -186,6 +185,7 @@ pub async fn admit_update(
     new: &mut Value,
     user: &UserInfo,
 ) -> Result<(), ApiError> {
+    crate::serviceaccount_admission::admit_update(server, resource, new);
     crate::noderestriction::admit(
         server,
         &crate::noderestriction::Request {
@@ -352,7 +352,11 @@ async fn priority_class(server: &ApiServer, name: &str) -> Result<Option<Value>,
 }
 
 /// A 403 about one object, worded as admission's `NewForbidden`.
-fn admission_forbidden(resource: &ResourceInfo, object: &Value, reason: &str) -> ApiError {
+pub(crate) fn admission_forbidden(
+    resource: &ResourceInfo,
+    object: &Value,
+    reason: &str,
+) -> ApiError {
     let name = object
         .pointer("/metadata/name")
         .and_then(Value::as_str)

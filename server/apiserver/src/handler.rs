@@ -103,6 +103,8 @@ pub struct ApiServer {
     pub extra_metrics: Option<ExtraMetrics>,
     /// How `pods/log` reaches kubelets (`crate::podlogs`); `None`: no kubelet is reached.
     pub kubelet_client: Option<crate::podlogs::KubeletClient>,
+    /// Whether the ServiceAccount admission plugin runs (`crate::serviceaccount_admission`).
+    pub service_account_admission: bool,
     /// The compactor loop; aborted when the server is dropped.
     compactor: Option<tokio::task::JoinHandle<()>>,
 }
@@ -130,6 +132,11 @@ pub struct Config {
     pub extra_metrics: Option<ExtraMetrics>,
     /// How `pods/log` reaches kubelets: TLS with the apiserver's kubelet-client certificate.
     pub kubelet_client: Option<crate::podlogs::KubeletClient>,
+    /// Runs the ServiceAccount admission plugin. `skerry server` always does; test servers
+    /// without a serviceaccount controller leave it off, as upstream's integration tests run
+    /// kube-apiserver with `--disable-admission-plugins=ServiceAccount`: no pod could be
+    /// created in a namespace nobody gives a `default` ServiceAccount.
+    pub service_account_admission: bool,
 }
 
 /// A source of more `/metrics` text (OpenMetrics, its own `# EOF` line optional).
@@ -180,6 +187,7 @@ impl ApiServer {
             event_leases: crate::leases::LeaseManager::new(crate::leases::EVENT_TTL),
             extra_metrics: config.extra_metrics,
             kubelet_client: config.kubelet_client,
+            service_account_admission: config.service_account_admission,
             compactor,
         })
     }

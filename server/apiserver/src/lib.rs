@@ -40,6 +40,7 @@ pub mod request;
 pub mod response;
 pub mod reviews;
 pub mod server;
+pub mod serviceaccount_admission;
 pub mod startup;
 pub mod storage;
 pub mod strategy;

@@ -14,6 +14,10 @@
 //! verifies the tokens it issued, as `skerry server`'s does (the node's projected-token tests
 //! request them).
 //!
+//! The ServiceAccount admission plugin is off unless asked for
+//! ([`TestServer::start_with_service_account_admission`]): no serviceaccount controller runs
+//! here to create the `default` ServiceAccount it would require.
+//!
 //! There is no compactor: a test that needs a compacted store compacts [`TestServer::store`]
 //! itself, at the moment it chooses.
 //!
@@ -70,6 +74,17 @@ impl TestServer {
     /// `127.0.0.1` on a free port. Returns once every watch cache has listed, so the first
     /// request of a test is never answered "the cache is not ready".
     pub async fn start() -> Result<TestServer> {
+        TestServer::start_with(false).await
+    }
+
+    /// [`TestServer::start`] with the ServiceAccount admission plugin on, as `skerry server`
+    /// runs it: a pod is then refused in a namespace without its ServiceAccount, so the test
+    /// creates the ServiceAccounts itself (no serviceaccount controller runs here).
+    pub async fn start_with_service_account_admission() -> Result<TestServer> {
+        TestServer::start_with(true).await
+    }
+
+    async fn start_with(service_account_admission: bool) -> Result<TestServer> {
         let dir = tempfile::tempdir().context("create the store's temp dir")?;
         let store = Store::open(StoreConfig::new(dir.path())).context("open the store")?;
         let ca = Ca::generate("skerry-test-ca").context("generate the test CA")?;
@@ -128,6 +143,7 @@ impl TestServer {
                 service_cidr,
                 extra_metrics: None,
                 kubelet_client: None,
+                service_account_admission,
             },
         );
         for cache in api.caches.values() {

@@ -17,6 +17,7 @@ pub mod nodeipam;
 pub mod nodelifecycle;
 pub mod podcontrol;
 pub mod replicaset;
+pub mod rootcacertpublisher;
 pub mod runtime;
 pub mod serviceaccount;
 pub mod statefulset;

@@ -35,6 +35,7 @@ use crate::namespace::NamespaceController;
 use crate::nodeipam::{NodeIpamConfig, NodeIpamController};
 use crate::nodelifecycle::NodeLifecycleController;
 use crate::replicaset::ReplicaSetController;
+use crate::rootcacertpublisher::RootCaCertPublisher;
 use crate::serviceaccount::ServiceAccountController;
 use crate::statefulset::StatefulSetController;
 
@@ -67,6 +68,8 @@ pub mod workers {
     /// The service-account controller's workers: kube-controller-manager starts it with 1
     /// (`--concurrent-serviceaccount-token-syncs` is the token controller's, not this one).
     pub const SERVICE_ACCOUNT: usize = 1;
+    /// The root CA publisher's workers: kube-controller-manager starts it with 1.
+    pub const ROOT_CA_CERT_PUBLISHER: usize = crate::rootcacertpublisher::DEFAULT_WORKERS;
     /// `--concurrent-daemonset-syncs`
     pub const DAEMONSET: usize = 2;
     /// `--concurrent-statefulset-syncs`
@@ -92,6 +95,10 @@ pub struct ManagerConfig {
     /// `--allocate-node-cidrs`, `--cluster-cidr`, `--node-cidr-mask-size`,
     /// `--service-cluster-ip-range`: the node IPAM controller.
     pub node_ipam: NodeIpamConfig,
+    /// The cluster CA certificate (PEM) the root CA publisher puts in every namespace
+    /// (kube-controller-manager's `--root-ca-file`, by default its own kubeconfig's CA).
+    /// Required: the controllers do not start without it.
+    pub root_ca_pem: String,
 }
 
 /// A running controller's future.
@@ -258,6 +265,17 @@ fn controllers(
         DisruptionController,
         workers::DISRUPTION
     );
+    // The publisher takes the CA it publishes (`startRootCACertPublisher`).
+    if config.root_ca_pem.is_empty() {
+        anyhow::bail!(
+            "the root CA cert publisher needs the cluster CA (ManagerConfig::root_ca_pem)"
+        );
+    }
+    let c = RootCaCertPublisher::new(&ctx("root-ca-cert-publisher")?, config.root_ca_pem.clone());
+    running.push((
+        "root-ca-cert-publisher",
+        Box::pin(c.run(workers::ROOT_CA_CERT_PUBLISHER, token.clone())),
+    ));
     // kube-controller-manager runs the node IPAM controller as the node controller's service
     // account (`startNodeIpamController`), and only with `--allocate-node-cidrs`.
     if config.node_ipam.allocate_node_cidrs {

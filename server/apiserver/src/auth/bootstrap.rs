@@ -55,7 +55,7 @@ const READ_WRITE: &[&str] = &[
 ];
 
 /// The controllers skerry runs, by the name of their service account in `kube-system`.
-pub const CONTROLLERS: [&str; 11] = [
+pub const CONTROLLERS: [&str; 12] = [
     "daemon-set-controller",
     "deployment-controller",
     "disruption-controller",
@@ -65,6 +65,7 @@ pub const CONTROLLERS: [&str; 11] = [
     "namespace-controller",
     "node-controller",
     "replicaset-controller",
+    "root-ca-cert-publisher",
     "service-account-controller",
     "statefulset-controller",
 ];
@@ -804,6 +805,13 @@ fn controller_roles() -> Vec<ClusterRole> {
                     &[""],
                     &["pods"],
                 ),
+                events(),
+            ],
+        ),
+        controller(
+            "root-ca-cert-publisher",
+            vec![
+                rule(&["create", "update"], &[""], &["configmaps"]),
                 events(),
             ],
         ),

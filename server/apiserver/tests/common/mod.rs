@@ -37,6 +37,12 @@ pub struct Server {
 
 /// Opens a store in a temp dir, writes the bootstrap objects and starts the apiserver.
 pub async fn start() -> Server {
+    start_with(false).await
+}
+
+/// [`start`], with the ServiceAccount admission plugin on or off (off in [`start`]: nothing
+/// here creates the `default` ServiceAccount it requires).
+pub async fn start_with(service_account_admission: bool) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(StoreConfig::new(dir.path())).expect("open store");
     let service_cidr = ServiceCidr::parse(SERVICE_CIDR_DEFAULT).expect("service CIDR");
@@ -56,6 +62,7 @@ pub async fn start() -> Server {
             service_cidr,
             extra_metrics: None,
             kubelet_client: None,
+            service_account_admission,
         },
     );
     Server { api, _dir: dir }
