@@ -32,7 +32,6 @@ use crate::auth::UserInfo;
 use crate::auth::rbac::{can_set_blocking_owner_finalizers, new_blocking_owner_refs};
 use crate::handler::ApiServer;
 
-
 fn owner_refs(object: &Value) -> Vec<OwnerReference> {
     object
         .pointer("/metadata/ownerReferences")

@@ -17,7 +17,7 @@
 //!
 //! A mirror pod (annotation [`MIRROR_POD_ANNOTATION`]) is the kubelet's reflection of a static
 //! pod: its spec is never changed (the kubelet would see a different pod and delete it), and it
-//! may not reference a ServiceAccount, a Secret, a ConfigMap or a projected token — a node must
+//! may not reference a ServiceAccount, a Secret or a projected token (ConfigMaps are NodeRestriction's rule) — a node must
 //! not reach another identity's credentials by writing a pod.
 //!
 //! The trick is in the lookup ([`service_account`]): the `serviceaccounts` watch cache first,
@@ -83,8 +83,6 @@ const SERVICE_ACCOUNTS: &str = "serviceaccounts";
 pub const MIRROR_SERVICE_ACCOUNT: &str = "a mirror pod may not reference service accounts";
 /// See [`MIRROR_SERVICE_ACCOUNT`].
 pub const MIRROR_SECRETS: &str = "a mirror pod may not reference secrets";
-/// See [`MIRROR_SERVICE_ACCOUNT`].
-pub const MIRROR_CONFIG_MAPS: &str = "a mirror pod may not reference configmaps";
 /// See [`MIRROR_SERVICE_ACCOUNT`].
 pub const MIRROR_TOKEN_PROJECTION: &str =
     "a mirror pod may not use ServiceAccountToken volume projections";
@@ -182,33 +180,6 @@ pub fn references_secrets(pod: &Value) -> bool {
     false
 }
 
-/// Whether the pod names any ConfigMap (upstream `podutil.VisitPodConfigmapNames`): env and
-/// envFrom, configMap and projected-configMap volumes.
-pub fn references_config_maps(pod: &Value) -> bool {
-    let named = |v: Option<&Value>| {
-        v.and_then(|v| v.get("name"))
-            .and_then(Value::as_str)
-            .is_some_and(|n| !n.is_empty())
-    };
-    for c in all_containers(pod) {
-        if array_at(c, "/envFrom")
-            .iter()
-            .any(|e| named(e.get("configMapRef")))
-            || array_at(c, "/env")
-                .iter()
-                .any(|e| named(e.pointer("/valueFrom/configMapKeyRef")))
-        {
-            return true;
-        }
-    }
-    array_at(pod, "/spec/volumes").iter().any(|volume| {
-        named(volume.get("configMap"))
-            || array_at(volume, "/projected/sources")
-                .iter()
-                .any(|s| named(s.get("configMap")))
-    })
-}
-
 /// Why a mirror pod is refused, if it is (the plugin's `Validate`, in its order).
 pub fn mirror_pod_refusal(pod: &Value) -> Option<&'static str> {
     if !str_at(pod, "/spec/serviceAccountName").is_empty() {
@@ -216,9 +187,6 @@ pub fn mirror_pod_refusal(pod: &Value) -> Option<&'static str> {
     }
     if references_secrets(pod) {
         return Some(MIRROR_SECRETS);
-    }
-    if references_config_maps(pod) {
-        return Some(MIRROR_CONFIG_MAPS);
     }
     let projects_token = array_at(pod, "/spec/volumes").iter().any(|v| {
         array_at(v, "/projected/sources")
@@ -632,11 +600,11 @@ mod tests {
             ),
             (
                 json!({"containers": [c(json!({"envFrom": [{"configMapRef": {"name": "cm"}}]}))]}),
-                Some(MIRROR_CONFIG_MAPS),
+                None, // configmaps are NodeRestriction's rule, not this plugin's
             ),
             (
                 json!({"containers": [c(json!({}))], "volumes": [{"name": "v", "configMap": {"name": "cm"}}]}),
-                Some(MIRROR_CONFIG_MAPS),
+                None, // configmaps are NodeRestriction's rule, not this plugin's
             ),
             (
                 json!({"containers": [c(json!({}))], "volumes": [{"name": "v", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]}),

@@ -181,11 +181,6 @@ async fn mirror_pods_are_left_alone_or_refused() {
             "a mirror pod may not reference secrets",
         ),
         (
-            "cm",
-            json!({"volumes": [{"name": "c", "configMap": {"name": "c"}}]}),
-            "a mirror pod may not reference configmaps",
-        ),
-        (
             "token",
             json!({"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]}),
             "a mirror pod may not use ServiceAccountToken volume projections",

@@ -194,7 +194,7 @@ impl Harness {
                 service_cidr,
                 extra_metrics: None,
                 kubelet_client: None,
-            service_account_admission: false,
+                service_account_admission: false,
             },
         );
         let (stop, stopped) = watch::channel(false);
