@@ -212,6 +212,32 @@ impl Source {
     }
 }
 
+/// Whether an update of a pod is one its sync depends on, as the kubelet's config source
+/// decides (`pkg/kubelet/config/config.go` `checkAndUpdatePod`, `podsDifferSemantically`):
+/// the spec, labels, annotations, deletion timestamp or grace period changed. A status-only
+/// change (most often the kubelet's own status write coming back through the watch) is a
+/// reconcile: stored, no sync, so a status like `ErrImagePull` is not replaced by the next
+/// sync's at once. A pod with readiness gates also syncs when its conditions change
+/// (`NeedToReconcilePodReadiness`).
+fn differs_for_sync(old: &Pod, new: &Pod) -> bool {
+    let (o, n) = (&old.metadata, &new.metadata);
+    if old.spec != new.spec
+        || o.labels != n.labels
+        || o.annotations != n.annotations
+        || o.deletion_timestamp != n.deletion_timestamp
+        || o.deletion_grace_period_seconds != n.deletion_grace_period_seconds
+    {
+        return true;
+    }
+    let gated = new
+        .spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_ref())
+        .is_some_and(|g| !g.is_empty());
+    let conditions = |p: &Pod| p.status.as_ref().and_then(|s| s.conditions.clone());
+    gated && conditions(old) != conditions(new)
+}
+
 impl EventHandler<Pod> for Source {
     fn on_add(&self, pod: &Arc<Pod>, _: bool) {
         if self.mirror(pod) {
@@ -221,13 +247,17 @@ impl EventHandler<Pod> for Source {
             .workers
             .update(&self.kubelet, PodUpdate::Pod(pod.clone()), &self.rt);
     }
-    fn on_update(&self, _: &Arc<Pod>, pod: &Arc<Pod>) {
+    fn on_update(&self, old: &Arc<Pod>, pod: &Arc<Pod>) {
         if self.mirror(pod) {
             return;
         }
-        self.kubelet
-            .workers
-            .update(&self.kubelet, PodUpdate::Pod(pod.clone()), &self.rt);
+        let wake = differs_for_sync(old, pod);
+        self.kubelet.workers.update_and_wake(
+            &self.kubelet,
+            PodUpdate::Pod(pod.clone()),
+            &self.rt,
+            wake,
+        );
     }
     fn on_delete(&self, pod: &Deleted<Pod>) {
         if self.mirror(pod.object()) {
@@ -432,5 +462,47 @@ impl Kubelet {
                 warn!(%uid, error = %e, "removing an orphaned pod cgroup failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).expect("a pod")
+    }
+
+    #[test]
+    fn only_what_the_sync_reads_wakes_a_worker() {
+        let base = serde_json::json!({
+            "metadata": {"name": "p", "uid": "u", "resourceVersion": "1", "labels": {"a": "b"}},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Pending"}
+        });
+        let old = pod(base.clone());
+        let mut status = base.clone();
+        status["status"] = serde_json::json!({"phase": "Pending", "containerStatuses": [
+            {"name": "c", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+             "state": {"waiting": {"reason": "ErrImagePull"}}}]});
+        status["metadata"]["resourceVersion"] = "2".into();
+        assert!(
+            !differs_for_sync(&old, &pod(status)),
+            "a status write is a reconcile"
+        );
+        let mut deleted = base.clone();
+        deleted["metadata"]["deletionTimestamp"] = "2026-12-02T00:00:00Z".into();
+        assert!(differs_for_sync(&old, &pod(deleted)));
+        let mut relabelled = base.clone();
+        relabelled["metadata"]["labels"]["a"] = "c".into();
+        assert!(differs_for_sync(&old, &pod(relabelled)));
+        let mut gated = base.clone();
+        gated["spec"]["readinessGates"] = serde_json::json!([{"conditionType": "x/ready"}]);
+        let gated_old = pod(gated.clone());
+        gated["status"]["conditions"] = serde_json::json!([{"type": "x/ready", "status": "True"}]);
+        assert!(
+            differs_for_sync(&gated_old, &pod(gated)),
+            "a readiness gate's condition is the sync's input"
+        );
     }
 }

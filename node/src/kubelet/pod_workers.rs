@@ -83,13 +83,30 @@ impl PodWorkers {
     /// Hands `update` to the pod's worker, starting one if there is none (a removal of a pod
     /// with no worker starts one too, to clean up what the runtime may hold).
     pub fn update(&self, kubelet: &Arc<Kubelet>, update: PodUpdate, rt: &tokio::runtime::Handle) {
+        self.update_and_wake(kubelet, update, rt, true);
+    }
+
+    /// [`PodWorkers::update`], but a running worker is woken only when `wake`: a change the
+    /// pod's sync does not depend on (its status, written by this kubelet) is stored for the
+    /// next sync without causing one (upstream's `HandlePodReconcile` versus
+    /// `HandlePodUpdates`).
+    pub fn update_and_wake(
+        &self,
+        kubelet: &Arc<Kubelet>,
+        update: PodUpdate,
+        rt: &tokio::runtime::Handle,
+        wake: bool,
+    ) {
         let uid = update.pod().metadata.uid.clone().unwrap_or_default();
         if uid.is_empty() {
             return;
         }
         let mut workers = self.lock();
         if let Some(h) = workers.get(&uid) {
-            let _ = h.updates.send(update);
+            h.updates.send_if_modified(|current| {
+                *current = update;
+                wake
+            });
             return;
         }
         let (tx, rx) = watch::channel(update);
