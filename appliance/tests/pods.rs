@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use common::free_port;
 use common::kube::tail;
-use common::node::{IMAGE, Node, POD_TIMEOUT, missing_prerequisite, ready, running};
+use common::node::{
+    IMAGE, Node, POD_TIMEOUT, cri_containers, missing_prerequisite, ready, running,
+};
 use serde_json::Value;
-use skerry_node::cri::{Cri, api};
 
 const NODE: &str = "pods-node";
 
@@ -36,22 +37,6 @@ impl Node {
         args.extend(command);
         self.kube.ok(&args);
     }
-}
-
-fn cri_containers(socket: &Path, uid: &str) -> Vec<api::Container> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let cri = Cri::new(&socket.display().to_string()).expect("endpoint");
-        cri.list_containers(Some(api::ContainerFilter {
-            label_selector: [("io.kubernetes.pod.uid".to_string(), uid.to_string())].into(),
-            ..Default::default()
-        }))
-        .await
-        .expect("ListContainers")
-    })
 }
 
 fn log_file(node: &Node, pod: &Value, container: &str, restart: u32) -> PathBuf {

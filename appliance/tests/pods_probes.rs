@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::free_port;
-use common::node::{IMAGE, Node, POD_TIMEOUT, missing_prerequisite, ready, running};
+use common::node::{IMAGE, Node, POD_TIMEOUT, events, missing_prerequisite, ready, running};
 use serde_json::Value;
 
 const NODE: &str = "probes-node";
@@ -30,25 +30,6 @@ fn create(node: &Node, name: &str, containers: Value) {
     });
     node.kube
         .ok_in(&["create", "-f", "-"], Some(&pod.to_string()));
-}
-
-/// The pod's events as `reason: message` lines.
-fn events(node: &Node, name: &str) -> Vec<String> {
-    let out = node.kube.ok(&["get", "events", "-o", "json"]);
-    let list: Value = serde_json::from_str(&out).expect("event list");
-    list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["involvedObject"]["name"] == name)
-        .map(|e| {
-            format!(
-                "{}: {}",
-                e["reason"].as_str().unwrap_or_default(),
-                e["message"].as_str().unwrap_or_default()
-            )
-        })
-        .collect()
 }
 
 fn wait_event(node: &Node, name: &str, prefix: &str) -> String {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use common::free_port;
 use common::kube::tail;
-use common::node::{IMAGE, Node, missing, missing_prerequisite, running};
+use common::node::{IMAGE, Node, events, missing, missing_prerequisite, running};
 use serde_json::Value;
 use skerry_node::images::build;
 
@@ -114,25 +114,6 @@ fn push(archive: &Path, dest: &str, creds: Option<&str>) {
         "skopeo copy to {dest}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// The pod's events as `reason: message` lines.
-fn events(node: &Node, name: &str) -> Vec<String> {
-    let out = node.kube.ok(&["get", "events", "-o", "json"]);
-    let list: Value = serde_json::from_str(&out).expect("event list");
-    list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["involvedObject"]["name"] == name)
-        .map(|e| {
-            format!(
-                "{}: {}",
-                e["reason"].as_str().unwrap_or_default(),
-                e["message"].as_str().unwrap_or_default()
-            )
-        })
-        .collect()
 }
 
 fn apply_pod(node: &Node, name: &str, image: &str, policy: Option<&str>, secret: Option<&str>) {

@@ -9,33 +9,16 @@
 
 mod common;
 
-use std::path::Path;
+use skerry_node::cri::api;
 use std::time::{Duration, Instant};
 
 use common::kube::tail;
-use common::node::{IMAGE, Node, POD_TIMEOUT, missing_prerequisite, running};
+use common::node::{IMAGE, Node, POD_TIMEOUT, cri_containers, missing_prerequisite, running};
 use serde_json::Value;
-use skerry_node::cri::{Cri, api};
 
 const NODE: &str = "static-node";
 /// The mirror of `web.yaml`'s pod `web`: the node's name appended.
 const MIRROR: &str = "web-static-node";
-
-fn cri_containers(socket: &Path, uid: &str) -> Vec<api::Container> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let cri = Cri::new(&socket.display().to_string()).expect("endpoint");
-        cri.list_containers(Some(api::ContainerFilter {
-            label_selector: [("io.kubernetes.pod.uid".to_string(), uid.to_string())].into(),
-            ..Default::default()
-        }))
-        .await
-        .expect("ListContainers")
-    })
-}
 
 /// The manifest of pod `web` running `sleep <seconds>` on the host network; a short grace
 /// period, since `sleep` as PID 1 ignores SIGTERM.

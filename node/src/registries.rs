@@ -28,6 +28,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+
+use crate::containerd::config::toml_string;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
@@ -268,23 +270,6 @@ fn default_endpoint(registry: &str) -> String {
     } else {
         format!("https://{registry}")
     }
-}
-
-/// A TOML basic string.
-fn toml_string(value: &str) -> String {
-    let mut out = String::from("\"");
-    for c in value.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04X}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 fn tls_lines(out: &mut String, indent: &str, tls: Option<&Tls>) {

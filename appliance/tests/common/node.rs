@@ -209,3 +209,39 @@ pub fn ready(p: &Value) -> bool {
             .flatten()
             .any(|c| c["type"] == "Ready" && c["status"] == "True")
 }
+
+/// The pod's events as `reason: message` lines.
+pub fn events(node: &Node, name: &str) -> Vec<String> {
+    let out = node.kube.ok(&["get", "events", "-o", "json"]);
+    let list: Value = serde_json::from_str(&out).expect("event list");
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["involvedObject"]["name"] == name)
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e["reason"].as_str().unwrap_or_default(),
+                e["message"].as_str().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// The CRI containers of the pod with `uid` on the containerd at `socket`.
+pub fn cri_containers(socket: &Path, uid: &str) -> Vec<skerry_node::cri::api::Container> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let cri = skerry_node::cri::Cri::new(&socket.display().to_string()).expect("endpoint");
+        cri.list_containers(Some(skerry_node::cri::api::ContainerFilter {
+            label_selector: [("io.kubernetes.pod.uid".to_string(), uid.to_string())].into(),
+            ..Default::default()
+        }))
+        .await
+        .expect("ListContainers")
+    })
+}

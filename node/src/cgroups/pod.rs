@@ -15,8 +15,8 @@ use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use skerry_api::pod::resources::{
-    PodResourcesOptions, RESOURCE_CPU, RESOURCE_MEMORY, ResourceList, SIDECAR_RESTART_POLICY,
-    add_resource_list, max_resource_list, pod_requests, resource_list,
+    PodResourcesOptions, RESOURCE_CPU, RESOURCE_MEMORY, ResourceList, aggregate_containers,
+    pod_requests, resource_list,
 };
 use skerry_api::validation::quantity::Quantity;
 
@@ -60,33 +60,11 @@ fn limits_of(c: &Container) -> ResourceList {
 /// largest, sidecars add to the app containers; `spec.overhead` is added to the resources
 /// that have a limit. `declared(limits)` sees each container's effective limits, as
 /// upstream's `ContainerFn`.
-pub fn pod_limits(pod: &Pod, mut declared: impl FnMut(&ResourceList)) -> ResourceList {
-    let mut limits = ResourceList::new();
+pub fn pod_limits(pod: &Pod, declared: impl FnMut(&ResourceList)) -> ResourceList {
     let Some(spec) = pod.spec.as_ref() else {
-        return limits;
+        return ResourceList::new();
     };
-    for c in &spec.containers {
-        let own = limits_of(c);
-        declared(&own);
-        add_resource_list(&mut limits, &own);
-    }
-    let mut sidecars = ResourceList::new();
-    let mut init = ResourceList::new();
-    for c in spec.init_containers.iter().flatten() {
-        let own = limits_of(c);
-        let during = if c.restart_policy.as_deref() == Some(SIDECAR_RESTART_POLICY) {
-            add_resource_list(&mut limits, &own);
-            add_resource_list(&mut sidecars, &own);
-            sidecars.clone()
-        } else {
-            let mut during = own;
-            add_resource_list(&mut during, &sidecars);
-            during
-        };
-        declared(&during);
-        max_resource_list(&mut init, &during);
-    }
-    max_resource_list(&mut limits, &init);
+    let mut limits = aggregate_containers(spec, limits_of, declared);
     for (name, q) in resource_list(spec.overhead.as_ref()) {
         if let Some(l) = limits.get_mut(&name) {
             l.0 = l.0.saturating_add(q.0);

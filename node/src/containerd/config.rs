@@ -155,8 +155,9 @@ pub fn has_cap_sys_resource() -> bool {
         .is_some_and(|mask| mask & (1 << CAP_SYS_RESOURCE) != 0)
 }
 
-/// A TOML basic string: quotes, backslashes and control characters escaped.
-fn toml_string(value: &str) -> String {
+/// A TOML basic string: quotes, backslashes and control characters escaped (also the
+/// registries' `hosts.toml`).
+pub(crate) fn toml_string(value: &str) -> String {
     let mut out = String::with_capacity(value.len() + 2);
     out.push('"');
     for c in value.chars() {

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
 use crate::validation::quantity::Quantity;
@@ -92,22 +92,29 @@ fn container_requests(container: &Container, options: &PodResourcesOptions<'_>) 
     requests
 }
 
-/// `PodRequests`: the pod's requests per resource (see the module docs for the rules).
-pub fn pod_requests(pod: &Pod, options: &PodResourcesOptions<'_>) -> ResourceList {
-    let Some(spec) = pod.spec.as_ref() else {
-        return ResourceList::new();
-    };
-    let mut requests = ResourceList::new();
+/// The fold over a pod's containers that its requests and its limits share (upstream's
+/// `AggregateContainerRequests` and `AggregateContainerLimits`): regular containers add up,
+/// a sidecar (restartable init container) adds to them and to every later init step, and the
+/// largest init step counts. `each` is a container's own list; `seen` is shown each regular
+/// container's list and what runs during each init step.
+pub fn aggregate_containers(
+    spec: &PodSpec,
+    mut each: impl FnMut(&Container) -> ResourceList,
+    mut seen: impl FnMut(&ResourceList),
+) -> ResourceList {
+    let mut total = ResourceList::new();
     for container in &spec.containers {
-        add_resource_list(&mut requests, &container_requests(container, options));
+        let own = each(container);
+        seen(&own);
+        add_resource_list(&mut total, &own);
     }
     // The sidecars started so far, and the peak of the init phase.
     let mut sidecars = ResourceList::new();
     let mut init_peak = ResourceList::new();
     for container in spec.init_containers.iter().flatten() {
-        let own = container_requests(container, options);
+        let own = each(container);
         let during = if container.restart_policy.as_deref() == Some(SIDECAR_RESTART_POLICY) {
-            add_resource_list(&mut requests, &own);
+            add_resource_list(&mut total, &own);
             add_resource_list(&mut sidecars, &own);
             sidecars.clone()
         } else {
@@ -115,9 +122,19 @@ pub fn pod_requests(pod: &Pod, options: &PodResourcesOptions<'_>) -> ResourceLis
             add_resource_list(&mut during, &sidecars);
             during
         };
+        seen(&during);
         max_resource_list(&mut init_peak, &during);
     }
-    max_resource_list(&mut requests, &init_peak);
+    max_resource_list(&mut total, &init_peak);
+    total
+}
+
+/// `PodRequests`: the pod's requests per resource (see the module docs for the rules).
+pub fn pod_requests(pod: &Pod, options: &PodResourcesOptions<'_>) -> ResourceList {
+    let Some(spec) = pod.spec.as_ref() else {
+        return ResourceList::new();
+    };
+    let mut requests = aggregate_containers(spec, |c| container_requests(c, options), |_| {});
     if !options.exclude_overhead
         && let Some(overhead) = spec.overhead.as_ref()
     {
