@@ -138,7 +138,7 @@ pub fn agent(args: AgentArgs) -> Result<()> {
             args.server
         );
     }
-    args.node.reservations().map_err(anyhow::Error::msg)?;
+    args.node.validate().map_err(anyhow::Error::msg)?;
     let credentials = AgentCredentials::read(
         &args.server,
         &args.kubeconfig,

@@ -452,7 +452,7 @@ fn init_logging(level: &str) -> Result<()> {
 
 fn server(args: ServerArgs) -> Result<()> {
     // The node's flags are checked before anything starts, as the kubelet refuses bad ones.
-    args.node.reservations().map_err(anyhow::Error::msg)?;
+    args.node.validate().map_err(anyhow::Error::msg)?;
     init_logging(&args.log_level)?;
     match fdlimit::raise_open_file_limit() {
         Ok(fdlimit::Raised::From(soft, hard)) => {

@@ -192,6 +192,15 @@ impl NodeArgs {
         )
         .map_err(|e| e.0)
     }
+
+    /// The flags that need more than clap's parsing, checked before anything starts, as the
+    /// kubelet refuses a bad configuration at start-up: the reservations and the log policy.
+    pub fn validate(&self) -> Result<(), String> {
+        self.reservations()?;
+        LogPolicy::new(&self.container_log_max_size, self.container_log_max_files)
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
 }
 
 /// The kubelet's own directory under the agent's.

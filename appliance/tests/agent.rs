@@ -324,3 +324,18 @@ fn bad_agent_flags_are_one_line_errors() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no cluster PKI"), "{stderr}");
 }
+
+#[test]
+fn a_bad_log_policy_stops_the_server_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data").display().to_string();
+    for (flag, value, said) in [
+        ("--container-log-max-files", "1", "must be > 1"),
+        ("--container-log-max-size", "junk", "invalid quantity"),
+    ] {
+        let out = skerry(&["server", "--data-dir", &data, flag, value]);
+        assert!(!out.status.success(), "{flag} {value} was taken");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(flag) && stderr.contains(said), "{stderr}");
+    }
+}
