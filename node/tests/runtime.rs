@@ -527,13 +527,22 @@ async fn the_images_folder_imports_a_file_once_it_is_complete() {
     assert_eq!(event.path, target);
     let report = event.result.expect("the complete file imports");
     assert_eq!(report.images[0].0, BUSYBOX_IMAGE);
-    assert!(
-        rt.cri
-            .image_status(BUSYBOX_IMAGE)
-            .await
-            .expect("ImageStatus")
-            .is_some()
-    );
+    // containerd's CRI image store follows its image service through events, so a loaded
+    // machine may answer ImageStatus a moment after the import returned.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while rt
+        .cri
+        .image_status(BUSYBOX_IMAGE)
+        .await
+        .expect("ImageStatus")
+        .is_none()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{BUSYBOX_IMAGE} not seen by CRI 5 s after its import"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // Not imported a second time.
     let again = tokio::time::timeout(
         images::watch::POLL_INTERVAL * 2 + images::watch::SETTLE,
