@@ -18,9 +18,11 @@ use std::time::{Duration, Instant};
 
 use common::free_port;
 use common::kube::tail;
-use common::node::{IMAGE, Node, POD_TIMEOUT, missing, missing_prerequisite, running};
+use common::node::{
+    IMAGE, Node, POD_TIMEOUT, PluginLeftovers, missing, missing_prerequisite, running,
+};
 use serde_json::{Value, json};
-use skerry_node::cni::{self, PodRange};
+use skerry_node::cni;
 use skerry_node::containerd::config::cni_bin_dir;
 
 const NODE: &str = "podnet-node";
@@ -28,110 +30,8 @@ const NODE: &str = "podnet-node";
 /// works there, the pod has the namespace to itself.
 const HTTPD_PORT: u16 = 8080;
 
-/// Removes what the CNI plugins leave on the host after their pods are gone: the bridge
-/// (`bridge` never deletes it) and `portmap`'s top-level NAT chains and the jumps to them
-/// (its DEL removes only the pod's own `CNI-DN-*` chain).
-struct PluginLeftovers;
-
-impl Drop for PluginLeftovers {
-    fn drop(&mut self) {
-        remove_plugin_leftovers();
-    }
-}
-
-fn remove_plugin_leftovers() {
-    let _ = Command::new("ip")
-        .args(["link", "del", cni::BRIDGE_DEFAULT])
-        .output();
-    let jumps = [
-        [
-            "PREROUTING",
-            "-m",
-            "addrtype",
-            "--dst-type",
-            "LOCAL",
-            "-j",
-            "CNI-HOSTPORT-DNAT",
-        ]
-        .as_slice(),
-        [
-            "OUTPUT",
-            "-m",
-            "addrtype",
-            "--dst-type",
-            "LOCAL",
-            "-j",
-            "CNI-HOSTPORT-DNAT",
-        ]
-        .as_slice(),
-        [
-            "POSTROUTING",
-            "-m",
-            "comment",
-            "--comment",
-            "CNI portfwd requiring masquerade",
-            "-j",
-            "CNI-HOSTPORT-MASQ",
-        ]
-        .as_slice(),
-    ];
-    for jump in jumps {
-        let _ = Command::new("iptables")
-            .args(["-t", "nat", "-D"])
-            .args(jump)
-            .output();
-    }
-    let chains = Command::new("iptables")
-        .args(["-t", "nat", "-S"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    let ours: Vec<&str> = chains
-        .lines()
-        .filter_map(|l| l.strip_prefix("-N "))
-        .filter(|c| c.starts_with("CNI-HOSTPORT-") || c.starts_with("CNI-DN-"))
-        .collect();
-    for chain in &ours {
-        let _ = Command::new("iptables")
-            .args(["-t", "nat", "-F", chain])
-            .output();
-    }
-    for chain in &ours {
-        let _ = Command::new("iptables")
-            .args(["-t", "nat", "-X", chain])
-            .output();
-    }
-}
-
 fn pod_ip(p: &Value) -> Option<&str> {
     p["status"]["podIP"].as_str()
-}
-
-/// Waits until the Node has a podCIDR and is Ready (the network configured); returns the range.
-fn wait_pod_network(node: &Node) -> PodRange {
-    let deadline = Instant::now() + POD_TIMEOUT;
-    loop {
-        let out = node
-            .kube
-            .kubectl_output(&["get", "node", NODE, "-o", "json"], None);
-        if out.status.success() {
-            let n: Value = serde_json::from_slice(&out.stdout).expect("node JSON");
-            let ready = n["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
-            if let (true, Some(cidr)) = (ready, n["spec"]["podCIDR"].as_str()) {
-                return PodRange::parse(cidr).expect("a valid podCIDR");
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node never Ready with a podCIDR\n{}",
-            tail(&node.kube.log())
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// GETs `url` with curl until it answers (the pod's httpd starts a moment after Running).
@@ -182,7 +82,7 @@ fn pods_get_pod_ips_reach_each_other_and_release_them() {
     let _leftovers = PluginLeftovers;
     let node = Node::start(NODE);
     node.import_busybox();
-    let range = wait_pod_network(&node);
+    let range = node.wait_pod_network();
 
     // A web server on the pod network, with a hostPort.
     let host_port = free_port();

@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use skerry_node::cni::{self, PodRange};
 use skerry_node::containerd::find_on_path;
 use skerry_node::images::build;
 use skerry_node::testing::remove_leftovers;
@@ -157,6 +158,33 @@ impl Node {
         }
     }
 
+    /// Waits until the Node has a podCIDR and is Ready (the network configured); returns the range.
+    pub fn wait_pod_network(&self) -> PodRange {
+        let deadline = Instant::now() + POD_TIMEOUT;
+        loop {
+            let out = self
+                .kube
+                .kubectl_output(&["get", "node", &self.name, "-o", "json"], None);
+            if out.status.success() {
+                let n: Value = serde_json::from_slice(&out.stdout).expect("node JSON");
+                let ready = n["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                if let (true, Some(cidr)) = (ready, n["spec"]["podCIDR"].as_str()) {
+                    return PodRange::parse(cidr).expect("a valid podCIDR");
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node never Ready with a podCIDR\n{}",
+                tail(&self.kube.log())
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Builds the busybox image and imports it with `skerry images import` once the node
     /// (and so its containerd) is up.
     pub fn import_busybox(&self) {
@@ -177,6 +205,81 @@ impl Node {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+}
+
+/// Removes what the CNI plugins leave on the host after their pods are gone: the bridge
+/// (`bridge` never deletes it) and `portmap`'s top-level NAT chains and the jumps to them
+/// (its DEL removes only the pod's own `CNI-DN-*` chain).
+pub struct PluginLeftovers;
+
+impl Drop for PluginLeftovers {
+    fn drop(&mut self) {
+        remove_plugin_leftovers();
+    }
+}
+
+pub fn remove_plugin_leftovers() {
+    let _ = Command::new("ip")
+        .args(["link", "del", cni::BRIDGE_DEFAULT])
+        .output();
+    let jumps = [
+        [
+            "PREROUTING",
+            "-m",
+            "addrtype",
+            "--dst-type",
+            "LOCAL",
+            "-j",
+            "CNI-HOSTPORT-DNAT",
+        ]
+        .as_slice(),
+        [
+            "OUTPUT",
+            "-m",
+            "addrtype",
+            "--dst-type",
+            "LOCAL",
+            "-j",
+            "CNI-HOSTPORT-DNAT",
+        ]
+        .as_slice(),
+        [
+            "POSTROUTING",
+            "-m",
+            "comment",
+            "--comment",
+            "CNI portfwd requiring masquerade",
+            "-j",
+            "CNI-HOSTPORT-MASQ",
+        ]
+        .as_slice(),
+    ];
+    for jump in jumps {
+        let _ = Command::new("iptables")
+            .args(["-t", "nat", "-D"])
+            .args(jump)
+            .output();
+    }
+    let chains = Command::new("iptables")
+        .args(["-t", "nat", "-S"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let ours: Vec<&str> = chains
+        .lines()
+        .filter_map(|l| l.strip_prefix("-N "))
+        .filter(|c| c.starts_with("CNI-HOSTPORT-") || c.starts_with("CNI-DN-"))
+        .collect();
+    for chain in &ours {
+        let _ = Command::new("iptables")
+            .args(["-t", "nat", "-F", chain])
+            .output();
+    }
+    for chain in &ours {
+        let _ = Command::new("iptables")
+            .args(["-t", "nat", "-X", chain])
+            .output();
     }
 }
 
