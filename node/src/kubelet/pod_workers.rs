@@ -162,7 +162,13 @@ async fn work(
     let mut state = WorkerState::Syncing;
     let mut delete_sent = false;
     let mut admitted = false;
+    crate::metrics::metrics().pod_seen(uid);
+    // Upstream's `SyncPodType` of the next pass: a new pod's first sync creates, a changed
+    // pod's updates, a timer's or a wake-up's syncs.
+    let mut kind = "create";
     loop {
+        let started = std::time::Instant::now();
+        let mut recorded: Option<&str> = None;
         let update = updates.borrow_and_update().clone();
         // A static pod carries its latest status (a manifest has none) and keeps its mirror.
         let update = kubelet.static_pods().with_status(update);
@@ -181,6 +187,8 @@ async fn work(
                 }
                 kubelet.clean_up(pod).await;
                 kubelet.pod_gone(uid);
+                crate::metrics::metrics().pod_worker("kill", started.elapsed());
+                crate::metrics::metrics().pod_forgotten(uid);
                 return;
             }
             (PodUpdate::Pod(pod), WorkerState::Syncing)
@@ -190,6 +198,7 @@ async fn work(
                 kubelet.kill_pod(pod, Some(grace)).await;
                 kubelet.write_final_status(pod).await;
                 state = WorkerState::Terminated;
+                recorded = Some("kill");
                 delete_sent = kubelet.delete_from_api(pod).await;
             }
             (PodUpdate::Pod(pod), WorkerState::Syncing)
@@ -211,7 +220,10 @@ async fn work(
                     }
                 }
             }
-            (PodUpdate::Pod(pod), WorkerState::Syncing) => match kubelet.sync_pod(pod).await {
+            (PodUpdate::Pod(pod), WorkerState::Syncing) => match {
+                recorded = Some(kind);
+                kubelet.sync_pod(pod).await
+            } {
                 Ok(SyncResult::Again(after)) => next = after,
                 Ok(SyncResult::Terminal) => {
                     kubelet.kill_pod(pod, Some(kubelet.grace_period(pod))).await;
@@ -235,8 +247,19 @@ async fn work(
                 };
             }
         }
+        if let Some(op) = recorded {
+            crate::metrics::metrics().pod_worker(op, started.elapsed());
+            kind = "sync";
+        }
         tokio::select! {
-            changed = updates.changed() => if changed.is_err() { return },
+            changed = updates.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                if kind != "create" {
+                    kind = "update";
+                }
+            }
             () = wake.notified() => {}
             () = tokio::time::sleep(next) => {}
             () = stop.cancelled() => return,
