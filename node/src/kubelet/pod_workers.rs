@@ -220,22 +220,23 @@ async fn work(
                     }
                 }
             }
-            (PodUpdate::Pod(pod), WorkerState::Syncing) => match {
+            (PodUpdate::Pod(pod), WorkerState::Syncing) => {
                 recorded = Some(kind);
-                kubelet.sync_pod(pod).await
-            } {
-                Ok(SyncResult::Again(after)) => next = after,
-                Ok(SyncResult::Terminal) => {
-                    kubelet.kill_pod(pod, Some(kubelet.grace_period(pod))).await;
-                    kubelet.write_final_status(pod).await;
-                    kubelet.release_volumes(pod).await;
-                    state = WorkerState::Terminated;
+                let synced = kubelet.sync_pod(pod).await;
+                match synced {
+                    Ok(SyncResult::Again(after)) => next = after,
+                    Ok(SyncResult::Terminal) => {
+                        kubelet.kill_pod(pod, Some(kubelet.grace_period(pod))).await;
+                        kubelet.write_final_status(pod).await;
+                        kubelet.release_volumes(pod).await;
+                        state = WorkerState::Terminated;
+                    }
+                    Err(e) => {
+                        warn!(pod = %pod_name(pod), %uid, error = %e, "sync failed; retrying");
+                        next = super::SYNC_ERROR_RETRY;
+                    }
                 }
-                Err(e) => {
-                    warn!(pod = %pod_name(pod), %uid, error = %e, "sync failed; retrying");
-                    next = super::SYNC_ERROR_RETRY;
-                }
-            },
+            }
             (PodUpdate::Pod(pod), WorkerState::Terminated) => {
                 if pod.metadata.deletion_timestamp.is_some() && !delete_sent {
                     delete_sent = kubelet.delete_from_api(pod).await;

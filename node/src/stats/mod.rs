@@ -47,9 +47,12 @@ use types::{
 /// `--housekeeping_interval` default as the kubelet runs it, 10 s).
 pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(10);
 
+/// Whether a volume is of one plugin.
+type IsPlugin = fn(&k8s_openapi::api::core::v1::Volume) -> bool;
+
 /// The volume plugins whose directories hold the volume's data on this node's disk (or
 /// tmpfs), measured with `du` (upstream's `MetricsDu` / `MetricsStatFS` providers).
-const MEASURED_VOLUMES: &[(&str, fn(&k8s_openapi::api::core::v1::Volume) -> bool)] = &[
+const MEASURED_VOLUMES: &[(&str, IsPlugin)] = &[
     (crate::volume::PLUGIN_EMPTY_DIR, |v| v.empty_dir.is_some()),
     (crate::volume::PLUGIN_CONFIG_MAP, |v| v.config_map.is_some()),
     (crate::volume::PLUGIN_SECRET, |v| v.secret.is_some()),
@@ -186,7 +189,7 @@ impl StatsProvider {
         if let Some(own) = std::fs::read_to_string("/proc/self/cgroup")
             .ok()
             .and_then(|t| cgroup::process_cgroup(&t, "memory", v2))
-            .filter(|c| c.trim_matches('/') != "")
+            .filter(|c| !c.trim_matches('/').is_empty())
         {
             system.push((types::SYSTEM_CONTAINER_KUBELET, own));
         }
