@@ -27,8 +27,11 @@ const FILLED: u64 = 48 << 20;
 /// every 10 s and a rate needs two samples.
 const STATS_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Samples of a Prometheus text (either format): (name, labels, value, timestamp).
-fn samples(text: &str) -> Vec<(String, HashMap<String, String>, f64, Option<i64>)> {
+/// One sample of a Prometheus text: (name, labels, value, timestamp).
+type Sample = (String, HashMap<String, String>, f64, Option<i64>);
+
+/// The samples of a Prometheus text (either format).
+fn samples(text: &str) -> Vec<Sample> {
     let mut out = Vec::new();
     for line in text
         .lines()
@@ -36,10 +39,7 @@ fn samples(text: &str) -> Vec<(String, HashMap<String, String>, f64, Option<i64>
     {
         let (series, rest) = match line.find('}') {
             Some(end) => (&line[..=end], &line[end + 1..]),
-            None => line
-                .split_once(' ')
-                .map(|(a, b)| (a, b))
-                .unwrap_or((line, "")),
+            None => line.split_once(' ').unwrap_or((line, "")),
         };
         let (name, labels) = match series.split_once('{') {
             Some((n, l)) => {
@@ -70,11 +70,7 @@ fn samples(text: &str) -> Vec<(String, HashMap<String, String>, f64, Option<i64>
     out
 }
 
-fn find<'a>(
-    all: &'a [(String, HashMap<String, String>, f64, Option<i64>)],
-    name: &str,
-    labels: &[(&str, &str)],
-) -> Option<&'a (String, HashMap<String, String>, f64, Option<i64>)> {
+fn find<'a>(all: &'a [Sample], name: &str, labels: &[(&str, &str)]) -> Option<&'a Sample> {
     all.iter().find(|(n, l, _, _)| {
         n == name
             && labels
