@@ -9,14 +9,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use common::kube::tail;
-use common::node::{IMAGE, Node, POD_TIMEOUT, missing_prerequisite};
+use common::node::{IMAGE, Node, POD_TIMEOUT, client_cert, curl_kubelet, missing_prerequisite};
 use serde_json::Value;
 
 const NODE: &str = "logs-node";
@@ -71,49 +69,6 @@ fn running(p: &Value) -> bool {
 /// The number in a `tick N` line.
 fn tick(line: &str) -> Option<u64> {
     line.trim().strip_prefix("tick ")?.parse().ok()
-}
-
-/// A client certificate and key of `kubeconfig`'s user, written as PEM files for curl.
-fn client_cert(node: &Node, kubeconfig: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let config: Value = serde_json::from_str(&node.kube.ok(&[
-        "config",
-        "view",
-        "--raw",
-        "--kubeconfig",
-        &kubeconfig.display().to_string(),
-        "-o",
-        "json",
-    ]))
-    .expect("kubeconfig JSON");
-    let user = &config["users"][0]["user"];
-    let write = |field: &str, ext: &str| {
-        let pem = base64::engine::general_purpose::STANDARD
-            .decode(user[field].as_str().expect("embedded PEM"))
-            .expect("base64");
-        let path = node.kube.path(&format!("{name}.{ext}"));
-        std::fs::write(&path, pem).expect("write PEM");
-        path
-    };
-    (
-        write("client-certificate-data", "crt"),
-        write("client-key-data", "key"),
-    )
-}
-
-/// `curl` to the kubelet's API: (HTTP code, body).
-fn curl_kubelet(node: &Node, path: &str, cert: Option<&(PathBuf, PathBuf)>) -> (String, String) {
-    let mut c = Command::new("curl");
-    c.args(["-sk", "-w", "\n%{http_code}"]);
-    if let Some((crt, key)) = cert {
-        c.arg("--cert").arg(crt).arg("--key").arg(key);
-    }
-    let out = c
-        .arg(format!("https://127.0.0.1:{}{path}", node.kubelet_port))
-        .output()
-        .expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (code.to_string(), body.to_string())
 }
 
 #[test]

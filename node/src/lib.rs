@@ -13,10 +13,12 @@ pub mod env;
 pub mod images;
 pub mod kubelet;
 pub mod machine;
+pub mod metrics;
 pub mod nodestatus;
 pub mod packages;
 pub mod registries;
 pub mod server;
+pub mod stats;
 pub mod streaming;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -8,6 +8,8 @@
 //! `CI=true` (a run that only skipped proves nothing), a skip otherwise.
 
 use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -347,4 +349,51 @@ pub fn cri_containers(socket: &Path, uid: &str) -> Vec<skerry_node::cri::api::Co
         .await
         .expect("ListContainers")
     })
+}
+
+/// A client certificate and key of `kubeconfig`'s user, written as PEM files for curl.
+pub fn client_cert(node: &Node, kubeconfig: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let config: Value = serde_json::from_str(&node.kube.ok(&[
+        "config",
+        "view",
+        "--raw",
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "-o",
+        "json",
+    ]))
+    .expect("kubeconfig JSON");
+    let user = &config["users"][0]["user"];
+    let write = |field: &str, ext: &str| {
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(user[field].as_str().expect("embedded PEM"))
+            .expect("base64");
+        let path = node.kube.path(&format!("{name}.{ext}"));
+        std::fs::write(&path, pem).expect("write PEM");
+        path
+    };
+    (
+        write("client-certificate-data", "crt"),
+        write("client-key-data", "key"),
+    )
+}
+
+/// `curl` to the kubelet's API: (HTTP code, body).
+pub fn curl_kubelet(
+    node: &Node,
+    path: &str,
+    cert: Option<&(PathBuf, PathBuf)>,
+) -> (String, String) {
+    let mut c = Command::new("curl");
+    c.args(["-sk", "-w", "\n%{http_code}"]);
+    if let Some((crt, key)) = cert {
+        c.arg("--cert").arg(crt).arg("--key").arg(key);
+    }
+    let out = c
+        .arg(format!("https://127.0.0.1:{}{path}", node.kubelet_port))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.to_string(), body.to_string())
 }

@@ -723,7 +723,8 @@ async fn call<T, S>(
 where
     S: FnOnce() -> String,
 {
-    match tokio::time::timeout(timeout, fut).await {
+    let started = std::time::Instant::now();
+    let result = match tokio::time::timeout(timeout, fut).await {
         Ok(Ok(resp)) => Ok(resp.into_inner()),
         Ok(Err(status)) => Err(error(name, subject(), &status)),
         Err(_) => Err(CriError {
@@ -732,7 +733,10 @@ where
             code: tonic::Code::DeadlineExceeded,
             message: format!("no answer within {timeout:?}"),
         }),
-    }
+    };
+    // `instrumented_services.go`: every call counted and timed, failures counted again.
+    crate::metrics::metrics().runtime_operation(name, started.elapsed(), result.is_err());
+    result
 }
 
 fn error(call: &'static str, subject: String, status: &tonic::Status) -> CriError {

@@ -17,6 +17,12 @@ use crate::cri::Cri;
 /// container's exit is noticed within it; each relist is two CRI list calls.
 pub const RELIST_PERIOD: Duration = Duration::from_secs(1);
 
+/// Added to a container's CRI state in a [`Snapshot`], so sandbox and container states
+/// (both small enums from 0) stay apart.
+const CONTAINER_OFFSET: i32 = 10;
+/// CRI's `SANDBOX_READY`.
+const SANDBOX_READY: i32 = crate::cri::api::PodSandboxState::SandboxReady as i32;
+
 /// `(id, state)` of everything listed, by pod UID.
 type Snapshot = HashMap<String, HashSet<(String, i32)>>;
 
@@ -32,7 +38,7 @@ pub async fn relist(cri: &Cri) -> Result<Snapshot, crate::cri::CriError> {
         if let Some(uid) = c.labels.get(LABEL_POD_UID) {
             out.entry(uid.clone())
                 .or_default()
-                .insert((c.id, c.state + 10));
+                .insert((c.id, c.state + CONTAINER_OFFSET));
         }
     }
     Ok(out)
@@ -51,12 +57,37 @@ pub fn changed(old: &Snapshot, new: &Snapshot) -> Vec<String> {
     uids
 }
 
+/// The pods with a ready sandbox and the containers by state in a relist
+/// (`updateRunningPodAndContainerMetrics`).
+pub fn running(snapshot: &Snapshot) -> (usize, HashMap<&'static str, usize>) {
+    let mut pods = 0;
+    let mut states = HashMap::new();
+    for items in snapshot.values() {
+        if items.iter().any(|(_, s)| *s == SANDBOX_READY) {
+            pods += 1;
+        }
+        for (_, s) in items.iter().filter(|(_, s)| *s >= CONTAINER_OFFSET) {
+            let state = match s - CONTAINER_OFFSET {
+                0 => "created",
+                1 => "running",
+                2 => "exited",
+                _ => "unknown",
+            };
+            *states.entry(state).or_default() += 1;
+        }
+    }
+    (pods, states)
+}
+
 /// Relists until `stop`, calling `wake` with each pod that changed.
 pub async fn run(cri: Cri, wake: impl Fn(&str) + Send, stop: CancellationToken) {
     let mut last = Snapshot::new();
     loop {
+        let started = std::time::Instant::now();
         match relist(&cri).await {
             Ok(now) => {
+                let (pods, states) = running(&now);
+                crate::metrics::metrics().relisted(started.elapsed(), pods, &states);
                 for uid in changed(&last, &now) {
                     wake(&uid);
                 }
@@ -92,5 +123,8 @@ mod tests {
         let c = snap(&[("u2", "c2", 11), ("u3", "s3", 0)]);
         assert_eq!(changed(&b, &c), ["u1"], "a pod whose containers vanished");
         assert!(changed(&c, &c).is_empty());
+        let (pods, states) = running(&b);
+        assert_eq!(pods, 1, "u3's ready sandbox");
+        assert_eq!((states["running"], states["exited"]), (1, 1));
     }
 }

@@ -162,7 +162,13 @@ async fn work(
     let mut state = WorkerState::Syncing;
     let mut delete_sent = false;
     let mut admitted = false;
+    crate::metrics::metrics().pod_seen(uid);
+    // Upstream's `SyncPodType` of the next pass: a new pod's first sync creates, a changed
+    // pod's updates, a timer's or a wake-up's syncs.
+    let mut kind = "create";
     loop {
+        let started = std::time::Instant::now();
+        let mut recorded: Option<&str> = None;
         let update = updates.borrow_and_update().clone();
         // A static pod carries its latest status (a manifest has none) and keeps its mirror.
         let update = kubelet.static_pods().with_status(update);
@@ -181,6 +187,8 @@ async fn work(
                 }
                 kubelet.clean_up(pod).await;
                 kubelet.pod_gone(uid);
+                crate::metrics::metrics().pod_worker("kill", started.elapsed());
+                crate::metrics::metrics().pod_forgotten(uid);
                 return;
             }
             (PodUpdate::Pod(pod), WorkerState::Syncing)
@@ -190,6 +198,7 @@ async fn work(
                 kubelet.kill_pod(pod, Some(grace)).await;
                 kubelet.write_final_status(pod).await;
                 state = WorkerState::Terminated;
+                recorded = Some("kill");
                 delete_sent = kubelet.delete_from_api(pod).await;
             }
             (PodUpdate::Pod(pod), WorkerState::Syncing)
@@ -211,19 +220,23 @@ async fn work(
                     }
                 }
             }
-            (PodUpdate::Pod(pod), WorkerState::Syncing) => match kubelet.sync_pod(pod).await {
-                Ok(SyncResult::Again(after)) => next = after,
-                Ok(SyncResult::Terminal) => {
-                    kubelet.kill_pod(pod, Some(kubelet.grace_period(pod))).await;
-                    kubelet.write_final_status(pod).await;
-                    kubelet.release_volumes(pod).await;
-                    state = WorkerState::Terminated;
+            (PodUpdate::Pod(pod), WorkerState::Syncing) => {
+                recorded = Some(kind);
+                let synced = kubelet.sync_pod(pod).await;
+                match synced {
+                    Ok(SyncResult::Again(after)) => next = after,
+                    Ok(SyncResult::Terminal) => {
+                        kubelet.kill_pod(pod, Some(kubelet.grace_period(pod))).await;
+                        kubelet.write_final_status(pod).await;
+                        kubelet.release_volumes(pod).await;
+                        state = WorkerState::Terminated;
+                    }
+                    Err(e) => {
+                        warn!(pod = %pod_name(pod), %uid, error = %e, "sync failed; retrying");
+                        next = super::SYNC_ERROR_RETRY;
+                    }
                 }
-                Err(e) => {
-                    warn!(pod = %pod_name(pod), %uid, error = %e, "sync failed; retrying");
-                    next = super::SYNC_ERROR_RETRY;
-                }
-            },
+            }
             (PodUpdate::Pod(pod), WorkerState::Terminated) => {
                 if pod.metadata.deletion_timestamp.is_some() && !delete_sent {
                     delete_sent = kubelet.delete_from_api(pod).await;
@@ -235,8 +248,19 @@ async fn work(
                 };
             }
         }
+        if let Some(op) = recorded {
+            crate::metrics::metrics().pod_worker(op, started.elapsed());
+            kind = "sync";
+        }
         tokio::select! {
-            changed = updates.changed() => if changed.is_err() { return },
+            changed = updates.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                if kind != "create" {
+                    kind = "update";
+                }
+            }
             () = wake.notified() => {}
             () = tokio::time::sleep(next) => {}
             () = stop.cancelled() => return,

@@ -228,6 +228,9 @@ impl Kubelet {
         }
         if !terminal {
             self.set_status(pod, &generated).await?;
+            if generated.phase.as_deref() == Some("Running") {
+                crate::metrics::metrics().pod_running(&uid);
+            }
         }
         self.gc_dead_containers(&rt).await;
         if terminal {
@@ -322,7 +325,9 @@ impl Kubelet {
             tokio::fs::create_dir_all(&sandbox_config.log_directory)
                 .await
                 .with_context(|| format!("create {}", sandbox_config.log_directory))?;
-            let id = match self.cri.run_pod_sandbox(sandbox_config.clone(), "").await {
+            let created = self.cri.run_pod_sandbox(sandbox_config.clone(), "").await;
+            crate::metrics::metrics().pod_started(created.is_err());
+            let id = match created {
                 Ok(id) => id,
                 Err(e) => {
                     let message = format!("Failed to create pod sandbox: {e}");
@@ -749,6 +754,10 @@ impl Kubelet {
             "Created",
             &format!("Created container {}", c.name),
         );
+        crate::metrics::metrics().container_started(match r.kind {
+            Kind::Init => crate::metrics::INIT_CONTAINER,
+            Kind::Regular => crate::metrics::CONTAINER,
+        });
         if let Err(e) = self.cri.start_container(&id).await {
             let message = e.to_string();
             self.record(pod, EVENT_WARNING, "Failed", &format!("Error: {message}"));

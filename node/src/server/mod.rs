@@ -2,7 +2,7 @@
 //! `/healthz`, `/pods` (the pods this kubelet runs, a PodList) and
 //! `/containerLogs/{namespace}/{pod}/{container}` (what the apiserver proxies `pods/log` to,
 //! read by [`logs`]), and the streaming paths `/exec`, `/attach`, `/portForward`
-//! ([`streaming`]).
+//! ([`streaming`]), and `/stats/summary`, `/metrics/resource`, `/metrics` ([`stats`]).
 //!
 //! Every request is authenticated and authorized as upstream's webhook modes do it
 //! ([`auth`]): a client certificate the cluster CA signed (user and groups from its CN and
@@ -17,6 +17,7 @@
 
 pub mod auth;
 pub mod logs;
+pub mod stats;
 pub mod streaming;
 
 use std::collections::HashMap;
@@ -95,12 +96,24 @@ pub struct KubeletServer {
     auth: Auth,
     inflight: Arc<Semaphore>,
     sessions: Arc<Semaphore>,
+    stats: Arc<crate::stats::StatsProvider>,
 }
 
 impl KubeletServer {
     /// A server for `kubelet` (whose node it names in its access reviews), asking `auth`.
     pub fn new(kubelet: Arc<Kubelet>, auth: Auth) -> Arc<Self> {
+        let config = kubelet.config();
+        crate::metrics::metrics().set_node_name(&config.node_name);
+        let stats = Arc::new(crate::stats::StatsProvider::new(
+            &config.node_name,
+            config.root_dir.clone(),
+            config.root_dir.join(crate::kubelet::POD_LOGS_DIR),
+            kubelet.cri().clone(),
+            config.cgroups.clone(),
+            u64::try_from(config.memory_capacity).unwrap_or(0),
+        ));
         Arc::new(KubeletServer {
+            stats,
             node_name: kubelet.config().node_name.clone(),
             kubelet,
             auth,
@@ -117,6 +130,7 @@ impl KubeletServer {
         tls: Arc<rustls::ServerConfig>,
         stop: CancellationToken,
     ) {
+        tokio::spawn(self.stats.clone().housekeeping(stop.clone()));
         let acceptor = TlsAcceptor::from(tls);
         let gate = HandshakeGate::new("kubelet", HANDSHAKE_MAX);
         let open = Arc::new(Semaphore::new(CONNECTIONS_MAX));
@@ -248,6 +262,11 @@ impl KubeletServer {
                 self.port_forward(req, ns, pod).await
             }
             (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok"),
+            (&Method::GET, ["stats", "summary"]) => {
+                stats::summary(&self.stats, &self.kubelet.pods(), &query).await
+            }
+            (&Method::GET, ["metrics", "resource"]) => stats::resource_metrics(&self.stats).await,
+            (&Method::GET, ["metrics"]) => stats::metrics(),
             (&Method::GET, ["pods"] | ["pods", ""]) => self.pods(),
             (&Method::GET, ["containerLogs", ns, pod, container]) => {
                 self.container_logs(ns, pod, container, &query).await
