@@ -137,8 +137,10 @@ pub async fn remote_command<S>(
         tokio::spawn(async move {
             let mut stdin = stdin;
             while let Some(Ok(m)) = source.next().await {
+                // Text frames carry channel data too (the Python client writes a `str` as text;
+                // upstream's `wsstream` reads either kind of frame).
                 let data = match m {
-                    Message::Binary(b) => b,
+                    Message::Binary(_) | Message::Text(_) => m.into_data(),
                     Message::Close(_) => break,
                     _ => continue,
                 };
@@ -363,8 +365,10 @@ pub async fn port_forward_channels<S, F>(
     // The client's data to each port's connection; its error channels are write-only.
     let mut reader = tokio::spawn(async move {
         while let Some(Ok(m)) = source.next().await {
+            // Text frames carry channel data too (the Python client writes a `str` as text;
+            // upstream's `wsstream` reads either kind of frame).
             let data = match m {
-                Message::Binary(b) => b,
+                Message::Binary(_) | Message::Text(_) => m.into_data(),
                 Message::Close(_) => break,
                 _ => continue,
             };
