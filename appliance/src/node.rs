@@ -140,6 +140,10 @@ pub struct NodeArgs {
     /// How often the manifest folder is read again without an inotify event.
     #[arg(long, default_value = "20s", value_parser = crate::parse_duration)]
     pub file_check_frequency: Duration,
+    /// How long an exec, attach or port-forward session may go without traffic either way
+    /// before it is closed (the kubelet's flag and default); 0 never closes one.
+    #[arg(long, default_value = "4h", value_parser = parse_idle_timeout)]
+    pub streaming_connection_idle_timeout: Duration,
 }
 
 /// The kubelet's own client limits, not client-go's 5/10: every pod start writes its status
@@ -171,6 +175,15 @@ fn parse_sync_frequency(text: &str) -> Result<Duration, String> {
         return Err("must be at least 1s".to_string());
     }
     Ok(d)
+}
+
+/// `--streaming-connection-idle-timeout`: a Go-style duration, or `0` (Go's `0` and `0s`)
+/// for none.
+fn parse_idle_timeout(text: &str) -> Result<Duration, String> {
+    if text.trim_end_matches(['s', 'm', 'h']).trim_end_matches('m') == "0" {
+        return Ok(Duration::ZERO);
+    }
+    crate::parse_duration(text)
 }
 
 fn parse_node_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
@@ -476,6 +489,7 @@ pub async fn start(
         cgroups,
         pod_manifest_path: pod_manifest_path(args.pod_manifest_path.as_deref(), data_dir),
         file_check_frequency: args.file_check_frequency,
+        streaming_connection_idle_timeout: args.streaming_connection_idle_timeout,
     };
     let token = stop.clone();
     tokio::spawn(async move {
@@ -740,5 +754,16 @@ mod tests {
             Some(PathBuf::from("/m"))
         );
         assert_eq!(pod_manifest_path(Some(Path::new("")), data), None);
+    }
+
+    #[test]
+    fn the_idle_timeout_is_a_duration_or_zero_for_none() {
+        assert_eq!(parse_idle_timeout("4h"), Ok(Duration::from_secs(4 * 3600)));
+        assert_eq!(parse_idle_timeout("3s"), Ok(Duration::from_secs(3)));
+        for zero in ["0", "0s", "0m", "0h", "0ms"] {
+            assert_eq!(parse_idle_timeout(zero), Ok(Duration::ZERO), "{zero}");
+        }
+        assert!(parse_idle_timeout("soon").is_err());
+        assert!(parse_idle_timeout("10").is_err());
     }
 }

@@ -38,7 +38,7 @@ pub const BUSYBOX_APPLETS: &[&str] = &[
     "kill", "true", "false", "test", "[", "printf", "date", "id", "hostname", "grep", "sed",
     "head", "tail", "wc", "touch", "cp", "mv", "ln", "pwd", "uname", "whoami", "seq", "sort",
     "tee", "timeout", "stat", "chmod", "find", "xargs", "nslookup", "ping", "ip", "mount", "df",
-    "tar", "readlink",
+    "tar", "readlink", "stty", "tty",
 ];
 
 /// Why an image could not be built.

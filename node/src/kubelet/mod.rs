@@ -115,6 +115,9 @@ pub struct KubeletConfig {
     /// `--file-check-frequency`: how often that folder is read again without an inotify
     /// event.
     pub file_check_frequency: Duration,
+    /// `--streaming-connection-idle-timeout`: an exec, attach or port-forward session with no
+    /// traffic for this long is closed (zero: never; [`crate::streaming::idle`]).
+    pub streaming_connection_idle_timeout: Duration,
 }
 
 /// The kubelet's default `--sync-frequency` (`KubeletConfiguration` `syncFrequency`, 1 minute):

@@ -27,6 +27,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::WebSocketStream;
 
 use super::channel;
+use super::idle::Idle;
 use super::runtime;
 use super::spdy::{self, Headers, Session, Stream, StreamWriter};
 
@@ -99,8 +100,12 @@ where
 
 /// Runs one remote command between the client's `ws` (speaking `protocol`) and the
 /// runtime's streams, until the command ends or the client goes.
-pub async fn remote_command<S>(ws: WebSocketStream<S>, protocol: &str, runtime: RuntimeStreams)
-where
+pub async fn remote_command<S>(
+    ws: WebSocketStream<S>,
+    protocol: &str,
+    runtime: RuntimeStreams,
+    idle: Arc<Idle>,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let RuntimeStreams {
@@ -132,8 +137,10 @@ where
         tokio::spawn(async move {
             let mut stdin = stdin;
             while let Some(Ok(m)) = source.next().await {
+                // Text frames carry channel data too (the Python client writes a `str` as text;
+                // upstream's `wsstream` reads either kind of frame).
                 let data = match m {
-                    Message::Binary(b) => b,
+                    Message::Binary(_) | Message::Text(_) => m.into_data(),
                     Message::Close(_) => break,
                     _ => continue,
                 };
@@ -212,6 +219,7 @@ where
                 .await;
         }
         () = gone.cancelled() => {}
+        () = idle.expired() => tracing::debug!("kubelet: streaming session idle; closed"),
     }
     drop(tx);
     let _ = writer.await;
@@ -227,7 +235,7 @@ pub trait Forwarder: Send + Sync + 'static {
 
 /// Runs a port-forward tunnel: SPDY frames in the WebSocket's binary messages, this side the
 /// SPDY server. Ends when the client closes the WebSocket.
-pub async fn port_forward<S, F>(ws: WebSocketStream<S>, forwarder: Arc<F>)
+pub async fn port_forward<S, F>(ws: WebSocketStream<S>, forwarder: Arc<F>, idle: Arc<Idle>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: Forwarder,
@@ -267,7 +275,17 @@ where
     let (session, mut incoming) = Session::new(ours, true);
     // Streams wait here for their partner (same `requestid`): error first, then data.
     let mut pending: HashMap<String, Stream> = HashMap::new();
-    while let Some(stream) = incoming.recv().await {
+    loop {
+        let stream = tokio::select! {
+            s = incoming.recv() => match s {
+                Some(s) => s,
+                None => break,
+            },
+            () = idle.expired() => {
+                tracing::debug!("kubelet: port-forward tunnel idle; closed");
+                break;
+            }
+        };
         let id = stream.headers.get("requestid").unwrap_or("").to_string();
         let Some(other) = pending.remove(&id) else {
             if pending.len() >= spdy::MAX_STREAMS {
@@ -289,6 +307,155 @@ where
     let _ = outbound.await;
 }
 
+/// Runs a WebSocket port-forward of the channel protocol (upstream
+/// `kubelet/cri/streaming/portforward/websocket.go`, what the Python client and clients
+/// before the SPDY tunnel speak): for the `i`-th of `ports`, channel `2i` carries data both
+/// ways and `2i+1` the runtime's errors, each opened by the port in two little-endian
+/// bytes. Each port is one connection into the pod, through a runtime session of its own;
+/// the WebSocket is closed once every port's connection has ended (the protocol has no
+/// per-channel close), when the client goes, or when the session is idle.
+pub async fn port_forward_channels<S, F>(
+    ws: WebSocketStream<S>,
+    forwarder: Arc<F>,
+    ports: Vec<u16>,
+    idle: Arc<Idle>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Forwarder,
+{
+    let (mut sink, mut source) = ws.split();
+    let (tx, mut rx) = mpsc::channel::<Message>(WS_QUEUE);
+    let writer = tokio::spawn(async move {
+        while let Some(m) = rx.recv().await {
+            let closing = matches!(m, Message::Close(_));
+            if sink.send(m).await.is_err() || closing {
+                break;
+            }
+        }
+        let _ = sink.close().await;
+    });
+    let mut inputs: Vec<Option<StreamWriter>> = Vec::with_capacity(ports.len());
+    let mut sessions = Vec::new();
+    let mut copies = tokio::task::JoinSet::new();
+    for (i, &port) in ports.iter().enumerate() {
+        let (data_ch, error_ch) = channel_pair(i);
+        for ch in [data_ch, error_ch] {
+            let [lo, hi] = port.to_le_bytes();
+            let _ = tx
+                .send(Message::Binary(Bytes::copy_from_slice(&[ch, lo, hi])))
+                .await;
+        }
+        match runtime_pair(forwarder.as_ref(), port, &i.to_string()).await {
+            Ok((session, r_error, r_data)) => {
+                let (data_rx, data_w) = r_data.split();
+                inputs.push(Some(data_w));
+                sessions.push(session);
+                copies.spawn(to_channel(data_rx, data_ch, tx.clone()));
+                copies.spawn(to_channel(r_error.split().0, error_ch, tx.clone()));
+            }
+            Err(e) => {
+                inputs.push(None);
+                let message = format!("error forwarding port {port}: {e}");
+                let mut m = vec![error_ch];
+                m.extend_from_slice(message.as_bytes());
+                let _ = tx.send(Message::Binary(Bytes::from(m))).await;
+            }
+        }
+    }
+    // The client's data to each port's connection; its error channels are write-only.
+    let mut reader = tokio::spawn(async move {
+        while let Some(Ok(m)) = source.next().await {
+            // Text frames carry channel data too (the Python client writes a `str` as text;
+            // upstream's `wsstream` reads either kind of frame).
+            let data = match m {
+                Message::Binary(_) | Message::Text(_) => m.into_data(),
+                Message::Close(_) => break,
+                _ => continue,
+            };
+            let Some((&ch, payload)) = data.split_first() else {
+                continue;
+            };
+            if ch % 2 != 0 || payload.is_empty() {
+                continue;
+            }
+            if let Some(Some(w)) = inputs.get(usize::from(ch / 2))
+                && w.send(payload).await.is_err()
+            {
+                break;
+            }
+        }
+    });
+    let all_done = async { while copies.join_next().await.is_some() {} };
+    tokio::select! {
+        () = all_done => {
+            let _ = tx
+                .send(Message::Close(Some(CloseFrame {
+                    code: CloseCode::Normal,
+                    reason: "".into(),
+                })))
+                .await;
+        }
+        _ = &mut reader => {}
+        () = idle.expired() => tracing::debug!("kubelet: port-forward session idle; closed"),
+    }
+    drop(tx);
+    let _ = writer.await;
+    reader.abort();
+    for s in sessions {
+        s.close().await;
+    }
+}
+
+/// The data and error channels of the `i`-th forwarded port (the protocol has 256
+/// channels: the 128th port on wraps, and the apiserver's query bounds the count long
+/// before).
+fn channel_pair(i: usize) -> (u8, u8) {
+    let data = u8::try_from((i * 2) % 256).unwrap_or(0);
+    (data, data.wrapping_add(1))
+}
+
+/// Copies a runtime stream's data to the client's channel `ch`.
+async fn to_channel(mut from: mpsc::Receiver<Bytes>, ch: u8, tx: mpsc::Sender<Message>) {
+    while let Some(b) = from.recv().await {
+        let mut m = BytesMut::with_capacity(b.len() + 1);
+        m.extend_from_slice(&[ch]);
+        m.extend_from_slice(&b);
+        if tx.send(Message::Binary(m.freeze())).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A runtime session forwarding to `port` and its error and data streams, named by
+/// `request_id` as client-go names them.
+async fn runtime_pair<F: Forwarder>(
+    forwarder: &F,
+    port: u16,
+    request_id: &str,
+) -> Result<(Session, Stream, Stream), String> {
+    let url = forwarder.url(port).await?;
+    let session = runtime::connect(&url, runtime::PORTFORWARD_V1)
+        .await
+        .map_err(|e| e.to_string())?;
+    let port = port.to_string();
+    let headers = |kind: &str| {
+        Headers::of(&[
+            ("streamType", kind),
+            ("port", &port),
+            ("requestID", request_id),
+        ])
+    };
+    let error = session
+        .open(headers("error"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let data = session
+        .open(headers("data"))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((session, error, data))
+}
+
 /// One forwarded connection: the runtime's pair of streams for the same port, bytes copied
 /// both ways; a failure is written to the client's error stream as upstream's kubelet does
 /// (`error forwarding port <port> to pod ...`).
@@ -307,29 +474,8 @@ async fn forward_one<F: Forwarder>(forwarder: Arc<F>, error: Stream, data: Strea
         let _ = data.writer().reset().await;
         return;
     };
-    let runtime_pair = async {
-        let url = forwarder.url(port).await?;
-        let session = runtime::connect(&url, runtime::PORTFORWARD_V1)
-            .await
-            .map_err(|e| e.to_string())?;
-        let headers = |kind: &str| {
-            Headers::of(&[
-                ("streamType", kind),
-                ("port", &port_header),
-                ("requestID", &request_id),
-            ])
-        };
-        let r_error = session
-            .open(headers("error"))
-            .await
-            .map_err(|e| e.to_string())?;
-        let r_data = session
-            .open(headers("data"))
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>((session, r_error, r_data))
-    };
-    let (session, r_error, r_data) = match runtime_pair.await {
+    let (session, r_error, r_data) = match runtime_pair(forwarder.as_ref(), port, &request_id).await
+    {
         Ok(p) => p,
         Err(e) => {
             fail(format!("error forwarding port {port}: {e}")).await;
@@ -360,6 +506,7 @@ async fn pipe(mut from: mpsc::Receiver<Bytes>, to: StreamWriter) {
 #[allow(clippy::unwrap_used, reason = "a test panics to fail")]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use tokio_tungstenite::tungstenite::protocol::Role;
 
     /// A runtime that upper-cases stdin to stdout once stdin ends, says `e` on stderr and
@@ -408,7 +555,8 @@ mod tests {
         let (client_io, server_io) = tokio::io::duplex(64 * 1024);
         let server = WebSocketStream::from_raw_socket(server_io, Role::Server, None).await;
         let mut client = WebSocketStream::from_raw_socket(client_io, Role::Client, None).await;
-        let bridge = tokio::spawn(remote_command(server, channel::V5, streams));
+        let idle = Idle::new(Duration::ZERO);
+        let bridge = tokio::spawn(remote_command(server, channel::V5, streams, idle));
         client
             .send(Message::Binary(Bytes::from_static(b"\x00hello")))
             .await

@@ -6,10 +6,14 @@
 //! `SPDY/3.1+portforward.k8s.io` carries SPDY frames in binary messages
 //! (`client-go/tools/portforward/tunneling_connection.go`).
 
+use std::sync::Arc;
+
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
 use tokio_tungstenite::WebSocketStream;
+
+use super::idle::{Idle, IdleIo};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
@@ -17,6 +21,12 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 pub const V5: &str = "v5.channel.k8s.io";
 /// The remote-command protocol without it.
 pub const V4: &str = "v4.channel.k8s.io";
+/// WebSocket port-forward's channel protocol, as the Python client and other pre-tunnel
+/// clients speak it (`kubelet/cri/streaming/portforward/websocket.go`
+/// `v4BinaryWebsocketProtocol`): a data and an error channel per `?port=`, each opened by
+/// the port in 2 little-endian bytes. (Its base64 text variant, `v4.base64.channel.k8s.io`,
+/// is not served.)
+pub const PORTFORWARD_V4: &str = V4;
 /// Port-forward's SPDY tunnelled in WebSocket (Kubernetes 1.30+).
 pub const PORTFORWARD_TUNNEL: &str = "SPDY/3.1+portforward.k8s.io";
 
@@ -38,8 +48,8 @@ pub const CLOSE: u8 = 255;
 /// [`super::spdy::MAX_FRAME`]; this bounds what one message makes the kubelet hold.
 pub const MAX_MESSAGE: usize = super::spdy::MAX_FRAME + 64 * 1024;
 
-/// The upgraded connection.
-pub type WebSocket = WebSocketStream<TokioIo<Upgraded>>;
+/// The upgraded connection, its traffic counted on the session's idle clock.
+pub type WebSocket = WebSocketStream<IdleIo<TokioIo<Upgraded>>>;
 
 /// Whether the request asks for a WebSocket.
 pub fn is_websocket(headers: &HeaderMap) -> bool {
@@ -81,18 +91,21 @@ pub fn accept<B: Default>(headers: &HeaderMap, protocol: &str) -> Result<Respons
         header::SEC_WEBSOCKET_ACCEPT,
         HeaderValue::from_str(&derive_accept_key(key.as_bytes())).map_err(|e| e.to_string())?,
     );
-    h.insert(
-        header::SEC_WEBSOCKET_PROTOCOL,
-        HeaderValue::from_str(protocol).map_err(|e| e.to_string())?,
-    );
+    // An empty protocol: the client offered none (upstream's `""` entry).
+    if !protocol.is_empty() {
+        h.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_str(protocol).map_err(|e| e.to_string())?,
+        );
+    }
     Ok(r)
 }
 
-/// The WebSocket once hyper hands the connection over.
-pub async fn upgraded(on: OnUpgrade) -> Result<WebSocket, hyper::Error> {
-    let io = on.await?;
+/// The WebSocket once hyper hands the connection over, counting its traffic on `idle`.
+pub async fn upgraded(on: OnUpgrade, idle: Arc<Idle>) -> Result<WebSocket, hyper::Error> {
+    let io = IdleIo::new(TokioIo::new(on.await?), idle);
     let config = WebSocketConfig::default()
         .max_message_size(Some(MAX_MESSAGE))
         .max_frame_size(Some(MAX_MESSAGE));
-    Ok(WebSocketStream::from_raw_socket(TokioIo::new(io), Role::Server, Some(config)).await)
+    Ok(WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await)
 }

@@ -24,7 +24,7 @@ pub const PORTFORWARD_V1: &str = "portforward.k8s.io";
 pub const UPGRADE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The most of an error answer kept for the message.
-const ERROR_BODY_MAX: usize = 16 * 1024;
+pub const ERROR_BODY_MAX: usize = 16 * 1024;
 
 /// Why the runtime's streaming server could not be reached.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +38,18 @@ pub async fn connect(url: &str, protocol: &str) -> Result<Session, RuntimeStream
         .map_err(|_| RuntimeStreamError(format!("streaming server {url}: timed out")))?
 }
 
-async fn upgrade(url: &str, protocol: &str) -> Result<Session, RuntimeStreamError> {
+/// A connection to the streaming server of `url` (what CRI returned): the request sender,
+/// the authority for `Host` and the path with its query.
+pub async fn dial(
+    url: &str,
+) -> Result<
+    (
+        hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+        http::uri::Authority,
+        String,
+    ),
+    RuntimeStreamError,
+> {
     let fail =
         |e: &dyn std::fmt::Display| RuntimeStreamError(format!("streaming server {url}: {e}"));
     let uri: http::Uri = url.parse().map_err(|e| fail(&e))?;
@@ -54,7 +65,7 @@ async fn upgrade(url: &str, protocol: &str) -> Result<Session, RuntimeStreamErro
         .await
         .map_err(|e| fail(&e))?;
     let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| fail(&e))?;
     tokio::spawn(async move {
@@ -64,6 +75,13 @@ async fn upgrade(url: &str, protocol: &str) -> Result<Session, RuntimeStreamErro
         .path_and_query()
         .map_or("/", http::uri::PathAndQuery::as_str)
         .to_string();
+    Ok((sender, authority, path))
+}
+
+async fn upgrade(url: &str, protocol: &str) -> Result<Session, RuntimeStreamError> {
+    let fail =
+        |e: &dyn std::fmt::Display| RuntimeStreamError(format!("streaming server {url}: {e}"));
+    let (mut sender, authority, path) = dial(url).await?;
     let request = http::Request::post(path)
         .header(http::header::HOST, authority.as_str())
         .header(http::header::CONNECTION, "Upgrade")

@@ -1,24 +1,25 @@
-//! `pods/exec`, `pods/attach` and `pods/portforward`: the WebSocket upgrade proxied to the
+//! `pods/exec`, `pods/attach` and `pods/portforward`: the streaming upgrade proxied to the
 //! pod's kubelet (upstream `pkg/registry/core/pod/rest/subresources.go`, `ExecREST`,
 //! `AttachREST`, `PortForwardREST`, with `ExecLocation` / `AttachLocation` /
 //! `PortForwardLocation` of `pkg/registry/core/pod/strategy.go` and the upgrade-aware proxy
 //! of `apimachinery/pkg/util/proxy`).
 //!
 //! The request is authorized twice: as its method's verb by the request path (`get` for a
-//! WebSocket's GET), then as `create` on the subresource, since a WebSocket upgrade starts a
-//! process just as SPDY's POST does (upstream's `AuthorizePodWebsocketUpgradeCreatePermission`,
-//! on by default from Kubernetes 1.35; 1.32 checks only `get` for a WebSocket).
+//! WebSocket's GET, `create` for SPDY's POST), then as `create` on the subresource, since a
+//! WebSocket upgrade starts a process just as SPDY's POST does (upstream's
+//! `AuthorizePodWebsocketUpgradeCreatePermission`, on by default from Kubernetes 1.35; 1.32
+//! checks only `get` for a WebSocket).
 //! The pod must be bound and the container one of its own; then the kubelet's
 //! `/exec/{namespace}/{pod}/{container}` (`/attach/...`, `/portForward/{namespace}/{pod}`) is
 //! asked for the same upgrade, with kubectl's `stdin`/`stdout`/`stderr`/`tty` as the
-//! kubelet's `input`/`output`/`error`/`tty`. Its `101` goes back to the client and the two
-//! connections are joined byte for byte; any other answer is a `Status`. The apiserver
-//! never reads the streams: the WebSocket protocols are the kubelet's (see
-//! `skerry_node::streaming`).
-//!
-//! SPDY clients (`POST` with `Upgrade: SPDY/3.1`, kubectl's fallback when its WebSocket
-//! attempt failed) get the same checks and then a 400: this server streams over WebSocket
-//! only, and kubectl then shows the error its WebSocket attempt had.
+//! kubelet's `input`/`output`/`error`/`tty` and port-forward's `ports` as `port`. Both kinds
+//! of upgrade go through unchanged: a WebSocket (its key, version and sub-protocols) and a
+//! SPDY/3.1 one (`POST`, its `X-Stream-Protocol-Version` offers; kubectl with
+//! `KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false` or `KUBECTL_PORT_FORWARD_WEBSOCKETS=false`,
+//! older kubectl, client-go programs). The kubelet's `101` goes back to the client with its
+//! handshake headers and the two connections are joined byte for byte; any other answer is
+//! a `Status`. The apiserver never reads the streams: the protocols are the kubelet's and
+//! the runtime's (see `skerry_node::streaming`).
 
 use std::sync::Arc;
 
@@ -55,6 +56,21 @@ const HANDSHAKE_HEADERS: [header::HeaderName; 4] = [
     header::SEC_WEBSOCKET_PROTOCOL,
     header::SEC_WEBSOCKET_EXTENSIONS,
 ];
+
+/// The header of a SPDY upgrade naming the stream protocols offered, and in the answer the
+/// one chosen (`apimachinery/pkg/util/httpstream` `HeaderProtocolVersion`).
+const STREAM_PROTOCOL_VERSION: header::HeaderName =
+    header::HeaderName::from_static("x-stream-protocol-version");
+
+/// A SPDY upgrade's token (`httpstream/spdy` `HeaderSpdy31`).
+const SPDY_31: &str = "SPDY/3.1";
+
+/// Which upgrade a streaming request asks for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Upgrade {
+    WebSocket,
+    Spdy,
+}
 
 /// Whether the request is one of the streaming subresources this module serves.
 pub fn handles(info: &RequestInfo) -> bool {
@@ -97,7 +113,25 @@ pub async fn serve(
     let pod = current(server, pods, Some(namespace), name).await?;
     let pod = pod.value();
     let path = match subresource {
-        "portforward" => format!("/portForward/{}/{}", escape(namespace), escape(name)),
+        "portforward" => {
+            // `ports` (a list, each value possibly comma-separated, as the apiserver's
+            // query conversion reads []int32) becomes the kubelet's `port`.
+            let mut ports = Vec::new();
+            for v in query.iter().filter(|(k, _)| k == "ports").map(|(_, v)| v) {
+                for p in v.split(',') {
+                    let port: i32 = p.trim().parse().map_err(|_| {
+                        ApiError::bad_request(format!("invalid port {p:?}: ports must be numbers"))
+                    })?;
+                    ports.push(format!("port={port}"));
+                }
+            }
+            let query = if ports.is_empty() {
+                String::new()
+            } else {
+                format!("?{}", ports.join("&"))
+            };
+            format!("/portForward/{}/{}{query}", escape(namespace), escape(name))
+        }
         _ => {
             let container = container_of(pod, name, param("container"))?;
             let flag = |k: &str| param(k).is_some_and(crate::request::parse_query_bool);
@@ -151,11 +185,15 @@ pub async fn serve(
             "pod {name} does not have a host assigned"
         )));
     }
-    if !is_websocket(&parts.headers) {
+    let upgrade = if is_upgrade(&parts.headers, "websocket") {
+        Upgrade::WebSocket
+    } else if is_upgrade(&parts.headers, SPDY_31) {
+        Upgrade::Spdy
+    } else {
         return Err(ApiError::bad_request(
-            "unable to upgrade connection: this server streams exec, attach and port-forward over WebSocket only",
+            "Upgrade request required: exec, attach and port-forward need a WebSocket or SPDY/3.1 upgrade",
         ));
-    }
+    };
     let nodes = catalogue::lookup("", "v1", "nodes").expect("nodes are in the catalogue");
     let node = current(server, nodes, None, node_name).await?;
     let (host, port) = kubelet_address(node.value(), node_name)?;
@@ -181,11 +219,17 @@ pub async fn serve(
     tokio::spawn(async move {
         let _ = conn.with_upgrades().await;
     });
-    let mut request = http::Request::get(path)
-        .header(header::HOST, target.as_str())
-        .header(header::CONNECTION, "Upgrade")
-        .header(header::UPGRADE, "websocket");
-    for h in &HANDSHAKE_HEADERS {
+    let mut request = match upgrade {
+        Upgrade::WebSocket => http::Request::get(path).header(header::UPGRADE, "websocket"),
+        Upgrade::Spdy => http::Request::post(path).header(header::UPGRADE, SPDY_31),
+    }
+    .header(header::HOST, target.as_str())
+    .header(header::CONNECTION, "Upgrade");
+    let passed: &[header::HeaderName] = match upgrade {
+        Upgrade::WebSocket => &HANDSHAKE_HEADERS,
+        Upgrade::Spdy => &[STREAM_PROTOCOL_VERSION],
+    };
+    for h in passed {
         for v in parts.headers.get_all(h) {
             request = request.header(h, v);
         }
@@ -202,7 +246,7 @@ pub async fn serve(
     }
     let mut answer = Response::new(crate::response::full(Bytes::new()));
     *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    copy_handshake(response.headers(), answer.headers_mut());
+    copy_handshake(upgrade, response.headers(), answer.headers_mut());
     let kubelet_upgrade = hyper::upgrade::on(response);
     tokio::spawn(async move {
         let _permit = permit;
@@ -220,24 +264,35 @@ pub async fn serve(
     Ok(answer)
 }
 
-/// Whether the request asks for a WebSocket.
-fn is_websocket(headers: &HeaderMap) -> bool {
+/// Whether the request asks to upgrade to `protocol` (`websocket`, `SPDY/3.1`).
+fn is_upgrade(headers: &HeaderMap, protocol: &str) -> bool {
     headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|v| v.trim().eq_ignore_ascii_case(protocol))
 }
 
 /// The kubelet's `101` headers the client needs.
-fn copy_handshake(from: &HeaderMap, to: &mut HeaderMap) {
-    to.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+fn copy_handshake(upgrade: Upgrade, from: &HeaderMap, to: &mut HeaderMap) {
     to.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    for h in [
-        header::SEC_WEBSOCKET_ACCEPT,
-        header::SEC_WEBSOCKET_PROTOCOL,
-        header::SEC_WEBSOCKET_EXTENSIONS,
-    ] {
-        if let Some(v) = from.get(&h) {
+    let names: &[header::HeaderName] = match upgrade {
+        Upgrade::WebSocket => {
+            to.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+            &[
+                header::SEC_WEBSOCKET_ACCEPT,
+                header::SEC_WEBSOCKET_PROTOCOL,
+                header::SEC_WEBSOCKET_EXTENSIONS,
+            ]
+        }
+        Upgrade::Spdy => {
+            to.insert(header::UPGRADE, HeaderValue::from_static(SPDY_31));
+            &[STREAM_PROTOCOL_VERSION]
+        }
+    };
+    for h in names {
+        if let Some(v) = from.get(h) {
             to.insert(h, v.clone());
         }
     }
