@@ -501,7 +501,10 @@ mod tests {
     #[test]
     fn ids_split_as_upstream_splits_them() {
         assert_eq!(split_scheme_name_port("n1"), Some(("", "n1", "")));
-        assert_eq!(split_scheme_name_port("n1:10255"), Some(("", "n1", "10255")));
+        assert_eq!(
+            split_scheme_name_port("n1:10255"),
+            Some(("", "n1", "10255"))
+        );
         assert_eq!(
             split_scheme_name_port("https:n1:10250"),
             Some(("https", "n1", "10250"))
@@ -521,7 +524,10 @@ mod tests {
             "/containerLogs/ns/p/c"
         );
         assert_eq!(kubelet_path("/api/v1/nodes/n1/proxy/logs/"), "/logs/");
-        assert_eq!(kubelet_path("/api/v1/nodes/n1/proxy/a/../../../etc"), "/etc");
+        assert_eq!(
+            kubelet_path("/api/v1/nodes/n1/proxy/a/../../../etc"),
+            "/etc"
+        );
         assert_eq!(kubelet_path("/api/v1/nodes/n1/proxy/a%2Fb%20c"), "/a/b%20c");
     }
 
