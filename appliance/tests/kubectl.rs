@@ -779,9 +779,11 @@ fn subject_access_reviews_with_kubectl() {
         "{resources}"
     );
     let resources = k.ok(&["api-resources", "--api-group=authentication.k8s.io"]);
+    // Upstream 1.32's two: `kubectl auth whoami` asks selfsubjectreviews.
     assert!(
         resources.contains(
-            "tokenreviews                authentication.k8s.io/v1   false        TokenReview"
+            "selfsubjectreviews                authentication.k8s.io/v1   false        SelfSubjectReview\n\
+             tokenreviews                      authentication.k8s.io/v1   false        TokenReview"
         ),
         "{resources}"
     );

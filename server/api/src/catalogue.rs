@@ -18,6 +18,10 @@ pub struct Subresource {
     /// (`autoscaling/v1` for scale).
     pub group_version: Option<(&'static str, &'static str)>,
     pub verbs: &'static [&'static str],
+    /// A connect subresource (`pods/exec`, `nodes/proxy`): served by a handler of its own
+    /// that streams to the kubelet, its kind an options kind read from the query
+    /// (`PodExecOptions`) that has no schema of its own in Kubernetes' OpenAPI.
+    pub connect: bool,
 }
 
 /// One served resource.
@@ -97,6 +101,29 @@ const fn status(kind: &'static str) -> Subresource {
         kind,
         group_version: None,
         verbs: STATUS_VERBS,
+        connect: false,
+    }
+}
+
+/// The verbs of `pods/exec`, `pods/attach` and `pods/portforward` (upstream's connecter
+/// methods GET and POST, as discovery lists them).
+const POD_CONNECT_VERBS: &[&str] = &["create", "get"];
+/// The verbs of `nodes/proxy` (GET, POST, PUT, PATCH, DELETE; HEAD and OPTIONS are not verbs
+/// of their own in discovery).
+const PROXY_CONNECT_VERBS: &[&str] = &["create", "delete", "get", "patch", "update"];
+
+/// A connect subresource speaking the options kind `kind` of the parent's group-version.
+const fn connect(
+    name: &'static str,
+    kind: &'static str,
+    verbs: &'static [&'static str],
+) -> Subresource {
+    Subresource {
+        name,
+        kind,
+        group_version: None,
+        verbs,
+        connect: true,
     }
 }
 
@@ -105,6 +132,7 @@ const SCALE: Subresource = Subresource {
     kind: "Scale",
     group_version: Some(("autoscaling", "v1")),
     verbs: STATUS_VERBS,
+    connect: false,
 };
 
 macro_rules! resource {
@@ -147,7 +175,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
                 name: "finalize",
                 kind: "Namespace",
                 group_version: None,
-                verbs: &["update"]
+                verbs: &["update"],
+                connect: false
             }
         ],
         "io.k8s.api.core.v1.Namespace"
@@ -162,20 +191,15 @@ pub static RESOURCES: &[ResourceInfo] = &[
         &["po"],
         &["all"],
         RW,
+        // In Kubernetes' discovery order (alphabetical).
         &[
-            status("Pod"),
+            connect("attach", "PodAttachOptions", POD_CONNECT_VERBS),
             Subresource {
                 name: "binding",
                 kind: "Binding",
                 group_version: None,
-                verbs: &["create"]
-            },
-            // `kubectl logs`: proxied to the pod's kubelet (kind Pod in discovery, as upstream).
-            Subresource {
-                name: "log",
-                kind: "Pod",
-                group_version: None,
-                verbs: &["get"]
+                verbs: &["create"],
+                connect: false
             },
             // `kubectl drain` finds it in discovery (`pods/eviction`, kind Eviction of
             // policy/v1) and POSTs there; RBAC grants it as `create` on `pods/eviction`.
@@ -183,8 +207,20 @@ pub static RESOURCES: &[ResourceInfo] = &[
                 name: "eviction",
                 kind: "Eviction",
                 group_version: Some(("policy", "v1")),
-                verbs: &["create"]
-            }
+                verbs: &["create"],
+                connect: false
+            },
+            connect("exec", "PodExecOptions", POD_CONNECT_VERBS),
+            // `kubectl logs`: proxied to the pod's kubelet (kind Pod in discovery, as upstream).
+            Subresource {
+                name: "log",
+                kind: "Pod",
+                group_version: None,
+                verbs: &["get"],
+                connect: false
+            },
+            connect("portforward", "PodPortForwardOptions", POD_CONNECT_VERBS),
+            status("Pod")
         ],
         "io.k8s.api.core.v1.Pod"
     ),
@@ -198,7 +234,10 @@ pub static RESOURCES: &[ResourceInfo] = &[
         &["no"],
         &[],
         RW,
-        &[status("Node")],
+        &[
+            connect("proxy", "NodeProxyOptions", PROXY_CONNECT_VERBS),
+            status("Node")
+        ],
         "io.k8s.api.core.v1.Node"
     ),
     resource!(
@@ -276,7 +315,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
             name: "token",
             kind: "TokenRequest",
             group_version: Some(("authentication.k8s.io", "v1")),
-            verbs: &["create"]
+            verbs: &["create"],
+            connect: false
         }],
         "io.k8s.api.core.v1.ServiceAccount"
     ),
@@ -451,6 +491,20 @@ pub static RESOURCES: &[ResourceInfo] = &[
     ),
     // The reviews: create-only, answered and never stored (no `list`, so no watch cache).
     // Within each group in Kubernetes' discovery order (alphabetical).
+    // `kubectl auth whoami`: the requester's own user info.
+    resource!(
+        "authentication.k8s.io",
+        "v1",
+        "selfsubjectreviews",
+        "selfsubjectreview",
+        "SelfSubjectReview",
+        false,
+        &[],
+        &[],
+        &["create"],
+        &[],
+        "io.k8s.api.authentication.v1.SelfSubjectReview"
+    ),
     resource!(
         "authentication.k8s.io",
         "v1",

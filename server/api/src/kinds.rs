@@ -48,6 +48,7 @@ macro_rules! kinds {
             "io.k8s.api.authorization.v1.SelfSubjectAccessReview" => authorization::v1::SelfSubjectAccessReview,
             "io.k8s.api.authorization.v1.SubjectAccessReview" => authorization::v1::SubjectAccessReview,
             "io.k8s.api.authorization.v1.LocalSubjectAccessReview" => authorization::v1::LocalSubjectAccessReview,
+            "io.k8s.api.authentication.v1.SelfSubjectReview" => authentication::v1::SelfSubjectReview,
             "io.k8s.api.authentication.v1.TokenReview" => authentication::v1::TokenReview,
             "io.k8s.api.authentication.v1.TokenRequest" => authentication::v1::TokenRequest,
             "io.k8s.api.autoscaling.v1.Scale" => autoscaling::v1::Scale,

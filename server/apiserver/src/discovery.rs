@@ -260,6 +260,52 @@ mod tests {
     }
 
     #[test]
+    fn connect_subresources_are_listed_with_their_options_kinds() {
+        let core = resource_list("", "v1").expect("core group");
+        let find = |name: &str| {
+            core["resources"]
+                .as_array()
+                .expect("resources")
+                .iter()
+                .find(|r| r["name"] == name)
+                .cloned()
+                .unwrap_or_else(|| panic!("{name} is listed"))
+        };
+        for (name, kind, verbs) in [
+            ("pods/attach", "PodAttachOptions", json!(["create", "get"])),
+            ("pods/exec", "PodExecOptions", json!(["create", "get"])),
+            (
+                "pods/portforward",
+                "PodPortForwardOptions",
+                json!(["create", "get"]),
+            ),
+            (
+                "nodes/proxy",
+                "NodeProxyOptions",
+                json!(["create", "delete", "get", "patch", "update"]),
+            ),
+        ] {
+            let entry = find(name);
+            assert_eq!(entry["kind"], kind, "{name}");
+            assert_eq!(entry["verbs"], verbs, "{name}");
+            assert!(entry.get("group").is_none(), "{name}");
+        }
+        let agg = aggregated(true);
+        let nodes = agg["items"][0]["versions"][0]["resources"]
+            .as_array()
+            .expect("resources")
+            .iter()
+            .find(|r| r["resource"] == "nodes")
+            .cloned()
+            .expect("nodes");
+        assert_eq!(nodes["subresources"][0]["subresource"], "proxy");
+        assert_eq!(
+            nodes["subresources"][0]["responseKind"]["kind"],
+            "NodeProxyOptions"
+        );
+    }
+
+    #[test]
     fn version_reports_the_implemented_minor() {
         assert_eq!(version()["minor"], KUBERNETES_MINOR);
     }

@@ -218,9 +218,11 @@ impl ApiServer {
         // Watch frames and the OpenAPI documents are never indented (Kubernetes streams the
         // former with its non-pretty stream serializer and serves the latter from kube-openapi);
         // `/version` always is (`responsewriters.WriteRawJSON`).
+        // A proxied answer is the kubelet's, passed through as it streams.
         let pretty = path == "/version"
             || (verb != "watch"
                 && !path.starts_with("/openapi/")
+                && !crate::nodeproxy::handles(&info)
                 && response::wants_pretty(
                     query.get("pretty").map(String::as_str),
                     parts
@@ -281,6 +283,12 @@ impl ApiServer {
             // exec, attach, port-forward: the connection itself is upgraded and proxied.
             Ok(()) if crate::podexec::handles(&info) => {
                 crate::podexec::serve(self, parts, &info, &user)
+                    .await
+                    .unwrap_or_else(|e| response::error(&e))
+            }
+            // nodes/proxy: the body and the answer stream through to the node's kubelet.
+            Ok(()) if crate::nodeproxy::handles(&info) => {
+                crate::nodeproxy::serve(self, parts, body, &info)
                     .await
                     .unwrap_or_else(|e| response::error(&e))
             }

@@ -31,6 +31,7 @@ pub mod leases;
 pub mod metrics;
 pub mod node_authz;
 pub mod node_graph;
+pub mod nodeproxy;
 pub mod noderestriction;
 pub mod openapi;
 pub mod podexec;

@@ -46,7 +46,7 @@ use crate::verbs::current;
 /// (its bound is the process's file limit). The kubelet caps its own sessions too.
 pub const STREAMING_SESSIONS_MAX: usize = 2048;
 
-static SESSIONS: std::sync::LazyLock<Arc<tokio::sync::Semaphore>> =
+pub(crate) static SESSIONS: std::sync::LazyLock<Arc<tokio::sync::Semaphore>> =
     std::sync::LazyLock::new(|| Arc::new(tokio::sync::Semaphore::new(STREAMING_SESSIONS_MAX)));
 
 /// The headers of a WebSocket handshake passed to the kubelet and back.

@@ -1,6 +1,7 @@
 //! The reviews: `authorization.k8s.io/v1` SubjectAccessReview, LocalSubjectAccessReview and
 //! SelfSubjectAccessReview (`kubectl auth can-i`), and `authentication.k8s.io/v1` TokenReview
-//! — how components that delegate authentication and authorization to the apiserver (a
+//! and SelfSubjectReview (`kubectl auth whoami`, `pkg/registry/authentication/selfsubjectreview`:
+//! the requester's own username, uid, groups and extra) — how components that delegate authentication and authorization to the apiserver (a
 //! kubelet's API) ask it "who is this token?" and "may this user do that?".
 //!
 //! They are create-only and never stored: a POST is decoded (JSON, YAML or protobuf) like any
@@ -52,6 +53,15 @@ pub async fn create(
     if !review.is_object() {
         return Err(ApiError::bad_request("the body is not an object"));
     }
+    if review_kind == Review::SelfSubject {
+        return Ok(object_response(
+            resource,
+            201,
+            &CachedObject::new(self_subject_review(resource, &req.user), None),
+            format,
+            &warnings,
+        ));
+    }
     ensure_namespace(resource, &mut review, req.info.namespace.as_deref())?;
     let now = meta::now();
     let manager = field_manager_of(resource, req, "create", &now)?;
@@ -93,6 +103,18 @@ pub async fn create(
         format,
         &warnings,
     ))
+}
+
+/// A SelfSubjectReview's answer (`selfsubjectreview.REST.Create`): a new object, whatever the
+/// request held, with only its creation time and the requester's user info (after
+/// impersonation, as the request runs as that user).
+fn self_subject_review(resource: &ResourceInfo, user: &UserInfo) -> Value {
+    json!({
+        "apiVersion": resource.api_version(),
+        "kind": resource.kind,
+        "metadata": {"creationTimestamp": meta::now()},
+        "status": {"userInfo": user_info(user)},
+    })
 }
 
 /// The create handler's `EnsureObjectNamespaceMatchesRequestNamespace`: a namespaced review

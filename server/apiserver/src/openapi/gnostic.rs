@@ -332,6 +332,16 @@ fn path_item(value: &Value, path: &str) -> Result<pb::PathItem, BuildError> {
     let mut item = pb::PathItem::default();
     for (method, v) in object(value, path)? {
         let at = format!("{path}.{method}");
+        if method == "parameters" {
+            // A path's own parameters (a connect subresource's).
+            item.parameters = v
+                .as_array()
+                .ok_or_else(|| unencodable(&at, "expected an array"))?
+                .iter()
+                .map(|p| parameter(p, &at))
+                .collect::<Result<_, _>>()?;
+            continue;
+        }
         let op = Some(operation(v, &at)?);
         match method.as_str() {
             "get" => item.get = op,

@@ -158,6 +158,7 @@ fn generated() -> Map<String, Value> {
         authorization::v1::SubjectAccessReview,
         authorization::v1::LocalSubjectAccessReview,
         authentication::v1::TokenRequest,
+        authentication::v1::SelfSubjectReview,
         authentication::v1::TokenReview,
         autoscaling::v1::Scale,
         meta::DeleteOptions,
@@ -218,7 +219,9 @@ impl Definitions {
                     Gvk::new(r.group, r.version, r.list_kind),
                 );
             }
-            for sub in r.subresources {
+            // A connect subresource's options kind has no definition (Kubernetes publishes
+            // none: its operations answer a string).
+            for sub in r.subresources.iter().filter(|s| !s.connect) {
                 let gvk = subresource_gvk(r, sub);
                 let name = definition_name(&gvk.group, &gvk.version, &gvk.kind);
                 if !schemas.contains_key(&name) {
@@ -484,6 +487,8 @@ enum Method {
     Put,
     Patch,
     Delete,
+    Head,
+    Options,
 }
 
 impl Method {
@@ -494,6 +499,21 @@ impl Method {
             Method::Put => "put",
             Method::Patch => "patch",
             Method::Delete => "delete",
+            Method::Head => "head",
+            Method::Options => "options",
+        }
+    }
+
+    /// `Get`, as a connect operation's id spells the method.
+    fn camel(self) -> &'static str {
+        match self {
+            Method::Get => "Get",
+            Method::Post => "Post",
+            Method::Put => "Put",
+            Method::Patch => "Patch",
+            Method::Delete => "Delete",
+            Method::Head => "Head",
+            Method::Options => "Options",
         }
     }
 }
@@ -627,6 +647,164 @@ struct Operation {
     /// Answers 201 Created and 202 Accepted as well (create).
     created: bool,
     produces: &'static [&'static str],
+    /// A connect operation (`x-kubernetes-action: connect`): it answers a string, and its
+    /// parameters belong to its path, as Kubernetes' documents list them.
+    connect: bool,
+}
+
+/// The methods a connect subresource answers (upstream's `ConnectMethods`): GET and POST
+/// for exec, attach and port-forward, every proxied method for a proxy.
+fn connect_methods(sub: &Subresource) -> &'static [Method] {
+    if sub.name == "proxy" {
+        &[
+            Method::Delete,
+            Method::Get,
+            Method::Head,
+            Method::Options,
+            Method::Patch,
+            Method::Post,
+            Method::Put,
+        ]
+    } else {
+        &[Method::Get, Method::Post]
+    }
+}
+
+const fn bool_param(name: &'static str, description: &'static str) -> QueryParam {
+    QueryParam {
+        name,
+        kind: "boolean",
+        description,
+    }
+}
+
+/// The query parameters of a connect subresource's options kind, with upstream's field
+/// descriptions (`k8s.io/api/core/v1/types.go`: `PodAttachOptions`, `PodExecOptions`,
+/// `PodPortForwardOptions`, `NodeProxyOptions`).
+fn connect_query(kind: &str) -> &'static [QueryParam] {
+    const ATTACH: &[QueryParam] = &[
+        QueryParam {
+            name: "container",
+            kind: "string",
+            description: "The container in which to execute the command. Defaults to only container if there is only one container in the pod.",
+        },
+        bool_param(
+            "stderr",
+            "Stderr if true indicates that stderr is to be redirected for the attach call. Defaults to true.",
+        ),
+        bool_param(
+            "stdin",
+            "Stdin if true, redirects the standard input stream of the pod for this call. Defaults to false.",
+        ),
+        bool_param(
+            "stdout",
+            "Stdout if true indicates that stdout is to be redirected for the attach call. Defaults to true.",
+        ),
+        bool_param(
+            "tty",
+            "TTY if true indicates that a tty will be allocated for the attach call. This is passed through the container runtime so the tty is allocated on the worker node by the container runtime. Defaults to false.",
+        ),
+    ];
+    const EXEC: &[QueryParam] = &[
+        QueryParam {
+            name: "command",
+            kind: "string",
+            description: "Command is the remote command to execute. argv array. Not executed within a shell.",
+        },
+        QueryParam {
+            name: "container",
+            kind: "string",
+            description: "Container in which to execute the command. Defaults to only container if there is only one container in the pod.",
+        },
+        bool_param(
+            "stderr",
+            "Redirect the standard error stream of the pod for this call.",
+        ),
+        bool_param(
+            "stdin",
+            "Redirect the standard input stream of the pod for this call. Defaults to false.",
+        ),
+        bool_param(
+            "stdout",
+            "Redirect the standard output stream of the pod for this call.",
+        ),
+        bool_param(
+            "tty",
+            "TTY if true indicates that a tty will be allocated for the exec call. Defaults to false.",
+        ),
+    ];
+    const PORT_FORWARD: &[QueryParam] = &[QueryParam {
+        name: "ports",
+        kind: "integer",
+        description: "List of ports to forward Required when using WebSockets",
+    }];
+    const NODE_PROXY: &[QueryParam] = &[QueryParam {
+        name: "path",
+        kind: "string",
+        description: "Path is the URL path to use for the current proxy request to node.",
+    }];
+    match kind {
+        "PodAttachOptions" => ATTACH,
+        "PodExecOptions" => EXEC,
+        "PodPortForwardOptions" => PORT_FORWARD,
+        "NodeProxyOptions" => NODE_PROXY,
+        _ => &[],
+    }
+}
+
+/// The operations of a connect subresource (upstream's installer, `MethodConnect`): one per
+/// method, `connect{Group}{Version}{Method}{Namespaced}{Kind}{Sub}`, and for a proxy the same
+/// again under `{path}` (`...WithPath`).
+fn connect_operations(
+    r: &ResourceInfo,
+    sub: &Subresource,
+    item: &str,
+    item_params: &[&'static str],
+) -> Vec<Operation> {
+    let prefix = format!("{}{}", group_camel(r.group), capitalize(r.version));
+    let scope = if r.namespaced { "Namespaced" } else { "" };
+    let mut paths = vec![(format!("{item}/{}", sub.name), item_params.to_vec(), "")];
+    if sub.name == "proxy" {
+        let mut with_path = item_params.to_vec();
+        with_path.push("path");
+        paths.push((
+            format!("{item}/{}/{{path}}", sub.name),
+            with_path,
+            "WithPath",
+        ));
+    }
+    let mut ops = Vec::new();
+    for (path, params, suffix) in paths {
+        for method in connect_methods(sub) {
+            ops.push(Operation {
+                path: path.clone(),
+                method: *method,
+                id: format!(
+                    "connect{prefix}{}{scope}{}{}{suffix}",
+                    method.camel(),
+                    r.kind,
+                    capitalize(sub.name)
+                ),
+                description: format!(
+                    "connect {} requests to {} of {}",
+                    method.key().to_ascii_uppercase(),
+                    sub.name,
+                    r.kind
+                ),
+                tag: tag(r.group, r.version),
+                action: "connect",
+                gvk: subresource_gvk(r, sub),
+                path_params: params.clone(),
+                query: connect_query(sub.kind),
+                body: None,
+                response: String::new(),
+                created: false,
+                produces: &["*/*"],
+                connect: true,
+            });
+        }
+    }
+    ops
 }
 
 /// `RbacAuthorization` for `rbac.authorization.k8s.io`, `Core` for the core group: the group's
@@ -716,6 +894,7 @@ fn operations(r: &ResourceInfo) -> Vec<Operation> {
         response: r.definition.to_string(),
         created: false,
         produces: PRODUCES,
+        connect: false,
     };
 
     if r.has_verb("list") {
@@ -835,6 +1014,10 @@ fn operations(r: &ResourceInfo) -> Vec<Operation> {
         ops.push(o);
     }
     for sub in r.subresources {
+        if sub.connect {
+            ops.extend(connect_operations(r, sub, &item, &item_params));
+            continue;
+        }
         let path = format!("{item}/{}", sub.name);
         let gvk = subresource_gvk(r, sub);
         let definition = definition_name(&gvk.group, &gvk.version, &gvk.kind);
@@ -913,10 +1096,13 @@ impl Version {
     }
 }
 
-fn path_param_description(name: &str) -> &'static str {
+fn path_param_description(name: &str, op: &Operation) -> String {
     match name {
-        "namespace" => "object name and auth scope, such as for teams and projects",
-        _ => "name of the object",
+        "namespace" => "object name and auth scope, such as for teams and projects".into(),
+        "path" => "path to the resource".into(),
+        // A connect operation names its options kind (`name of the PodExecOptions`).
+        _ if op.connect => format!("name of the {}", op.gvk.kind),
+        _ => "name of the object".into(),
     }
 }
 
@@ -927,7 +1113,7 @@ fn render_parameters(op: &Operation, version: Version) -> Vec<Value> {
             "name": name,
             "in": "path",
             "required": true,
-            "description": path_param_description(name),
+            "description": path_param_description(name, op),
         });
         set_param_type(&mut p, "string", version);
         parameters.push(p);
@@ -947,6 +1133,12 @@ fn render_parameters(op: &Operation, version: Version) -> Vec<Value> {
         let mut p = json!({"name": q.name, "in": "query", "description": q.description});
         set_param_type(&mut p, q.kind, version);
         parameters.push(p);
+    }
+    if op.connect {
+        // Kubernetes' documents list a path's parameters by name (then `in`).
+        parameters.sort_by(|a, b| {
+            (a["name"].as_str(), a["in"].as_str()).cmp(&(b["name"].as_str(), b["in"].as_str()))
+        });
     }
     parameters
 }
@@ -976,20 +1168,21 @@ fn render_operation(op: &Operation, version: Version) -> Value {
             "202" => "Accepted",
             _ => "OK",
         };
+        // A connect operation answers whatever the kubelet sends: a string.
+        let schema = if op.connect {
+            json!({"type": "string"})
+        } else {
+            version.reference(&op.response)
+        };
         let response = match version {
             Version::V2 => {
-                json!({"description": description, "schema": version.reference(&op.response)})
+                json!({"description": description, "schema": schema})
             }
             Version::V3 => {
                 let content: Map<String, Value> = op
                     .produces
                     .iter()
-                    .map(|t| {
-                        (
-                            t.to_string(),
-                            json!({"schema": version.reference(&op.response)}),
-                        )
-                    })
+                    .map(|t| (t.to_string(), json!({"schema": schema.clone()})))
                     .collect();
                 json!({"description": description, "content": content})
             }
@@ -1002,11 +1195,14 @@ fn render_operation(op: &Operation, version: Version) -> Value {
         "description": op.description,
         "operationId": op.id,
         "tags": [op.tag],
-        "parameters": render_parameters(op, version),
         "responses": responses,
         "x-kubernetes-action": op.action,
         "x-kubernetes-group-version-kind": op.gvk.to_json(),
     });
+    // A connect operation's parameters are its path's ([`render_paths`]).
+    if !op.connect {
+        operation["parameters"] = json!(render_parameters(op, version));
+    }
     let consumes: &[&str] = match op.body {
         Some(RequestBody::Patch) => PATCH_TYPES,
         _ => &["*/*"],
@@ -1049,7 +1245,9 @@ fn render_paths(
     let mut roots = Vec::new();
     for r in resources {
         for op in operations(r) {
-            roots.push(op.response.clone());
+            if !op.response.is_empty() {
+                roots.push(op.response.clone());
+            }
             match &op.body {
                 Some(RequestBody::Object(definition)) => roots.push(definition.clone()),
                 Some(RequestBody::Patch) => roots.push(PATCH.to_string()),
@@ -1058,6 +1256,9 @@ fn render_paths(
             }
             let item = paths.entry(op.path.clone()).or_insert_with(|| json!({}));
             item[op.method.key()] = render_operation(&op, version);
+            if op.connect {
+                item["parameters"] = json!(render_parameters(&op, version));
+            }
         }
     }
     (paths, roots)

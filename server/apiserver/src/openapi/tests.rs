@@ -262,6 +262,127 @@ fn v2_paths_cover_every_resource() {
     }
 }
 
+#[test]
+fn connect_subresources_are_operations_answering_a_string() {
+    let v2 = v2_json();
+    let paths = v2["paths"].as_object().expect("paths");
+    let exec = &paths["/api/v1/namespaces/{namespace}/pods/{name}/exec"];
+    assert_eq!(
+        exec["get"]["operationId"],
+        "connectCoreV1GetNamespacedPodExec"
+    );
+    assert_eq!(
+        exec["post"]["operationId"],
+        "connectCoreV1PostNamespacedPodExec"
+    );
+    assert_eq!(exec["post"]["x-kubernetes-action"], "connect");
+    assert_eq!(
+        exec["post"]["x-kubernetes-group-version-kind"],
+        json!({"group": "", "kind": "PodExecOptions", "version": "v1"})
+    );
+    assert_eq!(
+        exec["get"]["responses"]["200"]["schema"],
+        json!({"type": "string"})
+    );
+    assert_eq!(exec["get"]["produces"], json!(["*/*"]));
+    let names: Vec<&str> = exec["parameters"]
+        .as_array()
+        .expect("the path's parameters")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "command",
+            "container",
+            "name",
+            "namespace",
+            "stderr",
+            "stdin",
+            "stdout",
+            "tty"
+        ]
+    );
+    assert_eq!(
+        exec["parameters"][2]["description"],
+        "name of the PodExecOptions"
+    );
+    let attach = &paths["/api/v1/namespaces/{namespace}/pods/{name}/attach"];
+    assert_eq!(
+        attach["post"]["operationId"],
+        "connectCoreV1PostNamespacedPodAttach"
+    );
+    let forward = &paths["/api/v1/namespaces/{namespace}/pods/{name}/portforward"];
+    assert_eq!(forward["parameters"][2]["name"], "ports");
+    assert_eq!(forward["parameters"][2]["type"], "integer");
+    // nodes/proxy: every method, with and without a path.
+    let proxy = paths["/api/v1/nodes/{name}/proxy"]
+        .as_object()
+        .expect("proxy");
+    for (method, id) in [
+        ("delete", "connectCoreV1DeleteNodeProxy"),
+        ("get", "connectCoreV1GetNodeProxy"),
+        ("head", "connectCoreV1HeadNodeProxy"),
+        ("options", "connectCoreV1OptionsNodeProxy"),
+        ("patch", "connectCoreV1PatchNodeProxy"),
+        ("post", "connectCoreV1PostNodeProxy"),
+        ("put", "connectCoreV1PutNodeProxy"),
+    ] {
+        assert_eq!(proxy[method]["operationId"], id);
+    }
+    let with_path = &paths["/api/v1/nodes/{name}/proxy/{path}"];
+    assert_eq!(
+        with_path["get"]["operationId"],
+        "connectCoreV1GetNodeProxyWithPath"
+    );
+    let params: Vec<(&str, &str)> = with_path["parameters"]
+        .as_array()
+        .expect("parameters")
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or(""),
+                p["in"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        params,
+        [("name", "path"), ("path", "path"), ("path", "query")]
+    );
+    // No schema for the options kinds, as upstream; the protobuf carries the paths' parameters.
+    let defs = v2["definitions"].as_object().expect("definitions");
+    assert!(!defs.contains_key("io.k8s.api.core.v1.PodExecOptions"));
+    let pb = v2_protobuf();
+    let item = pb
+        .paths
+        .as_ref()
+        .expect("paths")
+        .path
+        .iter()
+        .find(|p| p.name == "/api/v1/nodes/{name}/proxy/{path}")
+        .and_then(|p| p.value.as_ref())
+        .expect("the proxy path in protobuf");
+    assert_eq!(item.parameters.len(), 3);
+    assert!(item.head.is_some() && item.options.is_some());
+
+    // v3: the same operations, the answer as `*/*` content.
+    let v3 = v3_json("api/v1");
+    let exec = &v3["paths"]["/api/v1/namespaces/{namespace}/pods/{name}/exec"];
+    assert_eq!(
+        exec["get"]["responses"]["200"]["content"],
+        json!({"*/*": {"schema": {"type": "string"}}})
+    );
+    assert_eq!(exec["parameters"][0]["schema"]["type"], "string");
+    // SelfSubjectReview (`kubectl auth whoami`) is served and described.
+    let authn = v3_json("apis/authentication.k8s.io/v1");
+    assert_eq!(
+        authn["paths"]["/apis/authentication.k8s.io/v1/selfsubjectreviews"]["post"]["operationId"],
+        "createAuthenticationV1SelfSubjectReview"
+    );
+}
+
 /// Every `$ref` in `value` names a schema in `schemas`, with `prefix`.
 fn assert_references_resolve(
     value: &Value,

@@ -57,6 +57,11 @@ static OWN: &[(&str, &str, &dyn Strategy)] = &[
     ),
     (
         "authentication.k8s.io",
+        "selfsubjectreviews",
+        &reviews::SELF_SUBJECT_REVIEW,
+    ),
+    (
+        "authentication.k8s.io",
         "tokenreviews",
         &reviews::TOKEN_REVIEW,
     ),

@@ -1,4 +1,5 @@
-//! The reviews (`pkg/registry/authentication/tokenreview`, `pkg/registry/authorization/*`):
+//! The reviews (`pkg/registry/authentication/tokenreview`, `.../selfsubjectreview`,
+//! `pkg/registry/authorization/*`):
 //! create-only resources that are answered and never stored. Their strategy only says which
 //! review a resource is; [`crate::reviews`] answers it.
 
@@ -12,6 +13,8 @@ pub enum Review {
     /// An access review: may a user do that? `of_requester` for SelfSubjectAccessReview,
     /// which asks about whoever sends it; the others ask about the user their spec names.
     Access { of_requester: bool },
+    /// SelfSubjectReview (`kubectl auth whoami`): the requester's own user info.
+    SelfSubject,
 }
 
 /// The strategy of one review resource.
@@ -24,6 +27,7 @@ impl Strategy for ReviewStrategy {
 }
 
 pub static TOKEN_REVIEW: ReviewStrategy = ReviewStrategy(Review::Token);
+pub static SELF_SUBJECT_REVIEW: ReviewStrategy = ReviewStrategy(Review::SelfSubject);
 pub static SUBJECT_ACCESS_REVIEW: ReviewStrategy = ReviewStrategy(Review::Access {
     of_requester: false,
 });
