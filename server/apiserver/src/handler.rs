@@ -170,6 +170,8 @@ impl ApiServer {
                 .get("pods")
                 .cloned()
                 .expect("pods are stored and cached"),
+            // Not served yet: the graph then holds no volume, as upstream's with none.
+            caches.get("persistentvolumes").cloned(),
         );
         let compactor = config
             .compaction_interval

@@ -5,7 +5,8 @@
 //!
 //! A node (`system:node:<name>` in `system:nodes`, [`node_identity`]) may read a secret,
 //! configmap or persistentvolumeclaim, and create a token for a service account, only when
-//! one of the pods bound to it references that object ([`crate::node_graph`]); it may reach
+//! one of the pods bound to it references that object ([`crate::node_graph`]); a
+//! PersistentVolume only when it is bound to such a claim, and that volume's secrets; it may reach
 //! only its own Lease in `kube-node-lease`; everything else it asks is decided by the node
 //! rules (`bootstrappolicy.NodeRules()`, [`crate::auth::bootstrap::node_rules`]). What the
 //! authorizer refuses is "no opinion", as upstream: RBAC may still grant it, and the 403
@@ -52,17 +53,21 @@ pub enum NodeDecision {
 pub struct NodeAuthorizer {
     /// The pods' watch cache the graph follows; `None` for a graph set by hand (tests).
     pods: Option<Arc<WatchCache>>,
-    /// The graph and the cache resourceVersion it was brought to.
-    graph: Mutex<(i64, Graph)>,
+    /// The PersistentVolumes' watch cache, when the apiserver serves them.
+    volumes: Option<Arc<WatchCache>>,
+    /// The graph and the pods' and volumes' cache resourceVersions it was brought to.
+    graph: Mutex<(i64, i64, Graph)>,
     rules: Vec<PolicyRule>,
 }
 
 impl NodeAuthorizer {
-    /// An authorizer whose graph follows `pods`.
-    pub fn new(pods: Arc<WatchCache>) -> Self {
+    /// An authorizer whose graph follows `pods` and, when served, the PersistentVolumes'
+    /// cache `volumes`.
+    pub fn new(pods: Arc<WatchCache>, volumes: Option<Arc<WatchCache>>) -> Self {
         NodeAuthorizer {
             pods: Some(pods),
-            graph: Mutex::new((-1, Graph::default())),
+            volumes,
+            graph: Mutex::new((-1, -1, Graph::default())),
             rules: crate::auth::bootstrap::node_rules(),
         }
     }
@@ -71,7 +76,8 @@ impl NodeAuthorizer {
     pub fn with_graph(graph: Graph) -> Self {
         NodeAuthorizer {
             pods: None,
-            graph: Mutex::new((0, graph)),
+            volumes: None,
+            graph: Mutex::new((0, 0, graph)),
             rules: crate::auth::bootstrap::node_rules(),
         }
     }
@@ -87,11 +93,20 @@ impl NodeAuthorizer {
             // graph is newer than the version it records and the next decision syncs again.
             let version = pods.resource_version();
             if state.0 != version {
-                state.1.sync(pods.items());
+                state.2.sync(pods.items());
                 state.0 = version;
             }
         }
-        state.1.has_path(node, kind, namespace, name)
+        if let Some(volumes) = &self.volumes
+            && volumes.is_ready()
+        {
+            let version = volumes.resource_version();
+            if state.1 != version {
+                state.2.sync_volumes(volumes.items());
+                state.1 = version;
+            }
+        }
+        state.2.has_path(node, kind, namespace, name)
     }
 
     /// Decides `a` (Kubernetes' `NodeAuthorizer.Authorize`).
@@ -112,7 +127,7 @@ impl NodeAuthorizer {
                     }
                     return self.get(node, Kind::PersistentVolumeClaim, a);
                 }
-                ("", "persistentvolumes") => return self.get_persistent_volume(node, a),
+                ("", "persistentvolumes") => return self.get(node, Kind::PersistentVolume, a),
                 ("", "serviceaccounts") => return self.create_token(node, a),
                 ("coordination.k8s.io", "leases") => return lease(node, a),
                 _ => {}
@@ -156,21 +171,6 @@ impl NodeAuthorizer {
             return no("can only get/update/patch this type");
         }
         self.related(node, Kind::PersistentVolumeClaim, a)
-    }
-
-    /// PersistentVolumes are not served, so no pod reaches one through a bound claim: the
-    /// verb checks of `authorizeGet`, then no relationship.
-    fn get_persistent_volume(&self, node: &str, a: &Attributes) -> NodeDecision {
-        if a.verb != "get" {
-            return no("can only get individual resources of this type");
-        }
-        if !a.subresource.is_empty() {
-            return no("cannot get subresource");
-        }
-        if a.name.is_empty() {
-            return no("No Object name found");
-        }
-        no_relationship(node)
     }
 
     /// `serviceaccounts/token` (upstream's `authorizeCreateToken`).
@@ -283,6 +283,20 @@ mod tests {
                 None,
             ),
         );
+        graph.set_volume(CachedObject::new(
+            json!({
+                "metadata": {"name": "pv1"},
+                "spec": {"claimRef": {"namespace": "default", "name": "data"},
+                         "iscsi": {"targetPortal": "t", "iqn": "q", "lun": 0,
+                                   "secretRef": {"name": "chap"}}}
+            }),
+            None,
+        ));
+        graph.set_volume(CachedObject::new(
+            json!({"metadata": {"name": "pv2"},
+                   "spec": {"claimRef": {"namespace": "default", "name": "unused"}}}),
+            None,
+        ));
         NodeAuthorizer::with_graph(graph)
     }
 
@@ -373,10 +387,40 @@ mod tests {
             )),
             no("can only get individual resources of this type")
         );
+    }
+
+    #[test]
+    fn a_node_gets_the_volume_bound_to_its_pods_claim_and_the_volume_s_secret() {
+        let z = authorizer();
         assert_eq!(
             z.authorize(&get(node_user("a"), "persistentvolumes", "", "pv1")),
-            no("no relationship found between node 'a' and this object")
+            NodeDecision::Allow
         );
+        assert_eq!(
+            z.authorize(&get(node_user("a"), "secrets", "default", "chap")),
+            NodeDecision::Allow
+        );
+        for (user, resource, ns, name) in [
+            ("b", "persistentvolumes", "", "pv1"),
+            ("b", "secrets", "default", "chap"),
+            ("a", "persistentvolumes", "", "pv2"),
+            ("a", "persistentvolumes", "", "missing"),
+        ] {
+            assert_eq!(
+                z.authorize(&get(node_user(user), resource, ns, name)),
+                no(&format!(
+                    "no relationship found between node '{user}' and this object"
+                )),
+                "{user} {resource} {name}"
+            );
+        }
+        let list = Attributes::resource(node_user("a"), "list", "", "persistentvolumes", "", "");
+        assert_eq!(
+            z.authorize(&list),
+            no("can only get individual resources of this type")
+        );
+        let status = get(node_user("a"), "persistentvolumes", "", "pv1").with_subresource("status");
+        assert_eq!(z.authorize(&status), no("cannot get subresource"));
     }
 
     #[test]
