@@ -12,9 +12,14 @@
 //! authorizer refuses is "no opinion", as upstream: RBAC may still grant it, and the 403
 //! carries the reasons of both, joined as kube-apiserver's union authorizer joins them.
 //!
-//! Pods and Nodes are decided by the node rules, as upstream without its
-//! `AuthorizeNodeWithSelectors` gate; NodeRestriction ([`crate::noderestriction`]) narrows
-//! what a node may write to them.
+//! Pods and Nodes are decided as upstream with its `AuthorizeNodeWithSelectors` gate (beta,
+//! on by default in 1.32): a node reads only its own Node (get, or list/watch with
+//! `fieldSelector=metadata.name=<self>`, which the request's attributes carry as its name),
+//! gets only the pods bound to it, lists and watches pods only with
+//! `fieldSelector=spec.nodeName=<self>`; it may create, update and patch Nodes and their
+//! status, and create and delete pods, update their status and evict them, which
+//! NodeRestriction ([`crate::noderestriction`]) narrows to its own. Anything else on pods and
+//! nodes is no opinion, without the node rules.
 
 use std::sync::Arc;
 
@@ -130,6 +135,8 @@ impl NodeAuthorizer {
                 ("", "persistentvolumes") => return self.get(node, Kind::PersistentVolume, a),
                 ("", "serviceaccounts") => return self.create_token(node, a),
                 ("coordination.k8s.io", "leases") => return lease(node, a),
+                ("", "nodes") => return authorize_node(node, a),
+                ("", "pods") => return self.authorize_pod(node, a),
                 _ => {}
             }
         }
@@ -163,6 +170,32 @@ impl NodeAuthorizer {
             return no("cannot get subresource");
         }
         self.related(node, kind, a)
+    }
+
+    /// Pods (upstream's `authorizePod`): a get of one bound to the node, a list or watch
+    /// selecting `spec.nodeName=<node>` (or named, and bound to it), create and delete (mirror
+    /// pods), a status write, an eviction; nothing else.
+    fn authorize_pod(&self, node: &str, a: &Attributes) -> NodeDecision {
+        match (a.subresource.as_str(), a.verb.as_str()) {
+            ("", "get") => self.get(node, Kind::Pod, a),
+            ("", "list" | "watch") => {
+                let selected = a
+                    .field_selector
+                    .as_ref()
+                    .is_some_and(|s| s.exact("spec.nodeName") == Some(node));
+                if selected {
+                    NodeDecision::Allow
+                } else if !a.name.is_empty() {
+                    self.related(node, Kind::Pod, a)
+                } else {
+                    no("can only list/watch pods with spec.nodeName field selector")
+                }
+            }
+            ("", "create" | "delete") | ("status", "update" | "patch") | ("eviction", "create") => {
+                NodeDecision::Allow
+            }
+            _ => no(""),
+        }
     }
 
     /// A claim's status (upstream's `authorizeStatusUpdate`).
@@ -225,6 +258,25 @@ fn lease(node: &str, a: &Attributes) -> NodeDecision {
         return no("can only access node lease with the same name as the requesting node");
     }
     NodeDecision::Allow
+}
+
+/// Nodes (upstream's `authorizeNode`): create, update and patch of Nodes and their status
+/// (NodeRestriction keeps a node to its own); get, list and watch of its own by name only,
+/// compared directly so a kubelet may look before it registers.
+fn authorize_node(node: &str, a: &Attributes) -> NodeDecision {
+    match (a.subresource.as_str(), a.verb.as_str()) {
+        ("", "create" | "update" | "patch") | ("status", "update" | "patch") => NodeDecision::Allow,
+        ("", "get" | "list" | "watch") => match a.name.as_str() {
+            name if name == node => NodeDecision::Allow,
+            "" => NodeDecision::NoOpinion(format!(
+                "node '{node}' cannot read all nodes, only its own Node object"
+            )),
+            name => NodeDecision::NoOpinion(format!(
+                "node '{node}' cannot read '{name}', only its own Node object"
+            )),
+        },
+        _ => no(""),
+    }
 }
 
 /// The chain: `system:masters`, the Node authorizer, RBAC. The first that allows decides;
@@ -424,6 +476,116 @@ mod tests {
     }
 
     #[test]
+    fn a_node_reads_only_its_own_node_and_lists_only_its_own_pods() {
+        let z = authorizer();
+        let on = |verb: &str, resource: &str, ns: &str, name: &str, selector: Option<&str>| {
+            z.authorize(
+                &Attributes::resource(node_user("a"), verb, "", resource, ns, name)
+                    .with_field_selector(selector),
+            )
+        };
+        // Nodes: its own by name (a list or watch pinned by metadata.name arrives named).
+        for verb in ["get", "list", "watch"] {
+            assert_eq!(
+                on(verb, "nodes", "", "a", None),
+                NodeDecision::Allow,
+                "{verb}"
+            );
+            assert_eq!(
+                on(verb, "nodes", "", "b", None),
+                no("node 'a' cannot read 'b', only its own Node object")
+            );
+        }
+        assert_eq!(
+            on("list", "nodes", "", "", None),
+            no("node 'a' cannot read all nodes, only its own Node object")
+        );
+        for verb in ["create", "update", "patch"] {
+            assert_eq!(
+                on(verb, "nodes", "", "b", None),
+                NodeDecision::Allow,
+                "{verb}"
+            );
+        }
+        let status = |verb: &str| {
+            z.authorize(
+                &Attributes::resource(node_user("a"), verb, "", "nodes", "", "a")
+                    .with_subresource("status"),
+            )
+        };
+        assert_eq!(status("patch"), NodeDecision::Allow);
+        assert_eq!(status("get"), no(""));
+        // No deleting Nodes, not even its own (the node rules are not consulted).
+        assert_eq!(on("delete", "nodes", "", "a", None), no(""));
+
+        // Pods: a get of one bound to it.
+        assert_eq!(
+            on("get", "pods", "default", "web", None),
+            NodeDecision::Allow
+        );
+        assert_eq!(
+            z.authorize(&get(node_user("b"), "pods", "default", "web")),
+            no("no relationship found between node 'b' and this object")
+        );
+        assert_eq!(
+            on("get", "pods", "default", "other", None),
+            no("no relationship found between node 'a' and this object")
+        );
+        // Lists and watches with its spec.nodeName only.
+        for verb in ["list", "watch"] {
+            assert_eq!(
+                on(verb, "pods", "", "", Some("spec.nodeName=a")),
+                NodeDecision::Allow
+            );
+            assert_eq!(
+                on(
+                    verb,
+                    "pods",
+                    "",
+                    "",
+                    Some("status.phase!=Failed,spec.nodeName==a")
+                ),
+                NodeDecision::Allow
+            );
+            for selector in [
+                None,
+                Some("spec.nodeName=b"),
+                Some("spec.nodeName!=a"),
+                Some("garbage"),
+            ] {
+                assert_eq!(
+                    on(verb, "pods", "", "", selector),
+                    no("can only list/watch pods with spec.nodeName field selector"),
+                    "{selector:?}"
+                );
+            }
+            // Pinned to one pod by name: that pod's binding decides.
+            assert_eq!(
+                on(verb, "pods", "default", "web", None),
+                NodeDecision::Allow
+            );
+        }
+        assert_eq!(
+            on("create", "pods", "default", "", None),
+            NodeDecision::Allow
+        );
+        assert_eq!(
+            on("delete", "pods", "default", "x", None),
+            NodeDecision::Allow
+        );
+        assert_eq!(on("update", "pods", "default", "web", None), no(""));
+        let sub = |verb: &str, sub: &str| {
+            z.authorize(
+                &Attributes::resource(node_user("a"), verb, "", "pods", "default", "web")
+                    .with_subresource(sub),
+            )
+        };
+        assert_eq!(sub("update", "status"), NodeDecision::Allow);
+        assert_eq!(sub("create", "eviction"), NodeDecision::Allow);
+        assert_eq!(sub("get", "log"), no(""));
+    }
+
+    #[test]
     fn tokens_only_for_the_service_accounts_of_its_pods() {
         let z = authorizer();
         let token = |node: &str, name: &str| {
@@ -490,10 +652,6 @@ mod tests {
             Attributes::resource(node_user("a"), verb, "", resource, "default", "x")
         };
         assert_eq!(z.authorize(&a("create", "events")), NodeDecision::Allow);
-        assert_eq!(
-            z.authorize(&a("update", "pods").with_subresource("status")),
-            NodeDecision::Allow
-        );
         assert_eq!(z.authorize(&a("delete", "services")), no(""));
         let jane = UserInfo::authenticated("jane", "", vec![]);
         assert_eq!(
