@@ -296,17 +296,21 @@ fn nodes_reach_only_their_own_pods_objects_and_write_only_their_own() {
         None,
         "can only list/watch pods with spec.nodeName field selector",
     );
-    // B may not write A's Node (a JSON merge patch with no GET first), Lease or pod status.
+    // B may not write A's Node (a raw PUT: kubectl's label and patch GET it first), Lease or
+    // pod status.
+    let mut node_a: serde_json::Value =
+        serde_json::from_str(&node.kube.ok(&["get", "node", NODE_A, "-o", "json"]))
+            .expect("node json");
+    node_a["metadata"]["labels"]["x"] = "y".into();
     b.forbidden(
         &[
-            "patch",
-            "node",
-            NODE_A,
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"labels":{"x":"y"}}}"#,
+            "replace",
+            "--raw",
+            &format!("/api/v1/nodes/{NODE_A}"),
+            "-f",
+            "-",
         ],
-        None,
+        Some(&node_a.to_string()),
         "nodes \"authz-a\" is forbidden: node \"authz-b\" is not allowed to modify node \"authz-a\"",
     );
     b.forbidden(
