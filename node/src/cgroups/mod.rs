@@ -142,7 +142,7 @@ pub fn hugepage_sizes_in(dir: &Path) -> Vec<String> {
 pub fn hugepage_unit_size(mut size: u64) -> Option<String> {
     const UNITS: [&str; 6] = ["B", "KB", "MB", "GB", "TB", "PB"];
     let mut idx = 0;
-    while size != 0 && size % 1024 == 0 && idx < UNITS.len() - 1 {
+    while size != 0 && size.is_multiple_of(1024) && idx < UNITS.len() - 1 {
         size /= 1024;
         idx += 1;
     }
