@@ -238,10 +238,79 @@ fn nodes_reach_only_their_own_pods_objects_and_write_only_their_own() {
     assert!(can(NODE_A, "secret/db"));
     assert!(!can(NODE_B, "secret/db"));
 
-    // B may not write A's Node, Lease or pod status.
+    // AuthorizeNodeWithSelectors: a node reads its own Node only, pods bound to it only, and
+    // lists or watches pods only by its spec.nodeName.
+    a.ok(&["get", "node", NODE_A], None);
+    a.ok(
+        &[
+            "get",
+            "nodes",
+            "--field-selector",
+            &format!("metadata.name={NODE_A}"),
+        ],
+        None,
+    );
+    a.forbidden(
+        &["get", "nodes"],
+        None,
+        "nodes is forbidden: User \"system:node:authz-a\" cannot list resource \"nodes\" in API group \"\" at the cluster scope: node 'authz-a' cannot read all nodes, only its own Node object",
+    );
+    // B may not read A's Node, so a `kubectl label`'s first GET is refused.
     b.forbidden(
         &["label", "node", NODE_A, "x=y"],
         None,
+        "nodes \"authz-a\" is forbidden: User \"system:node:authz-b\" cannot get resource \"nodes\" in API group \"\" at the cluster scope: node 'authz-b' cannot read 'authz-a', only its own Node object",
+    );
+    a.ok(&["get", "pod", "web"], None);
+    b.forbidden(
+        &["get", "pod", "web"],
+        None,
+        "pods \"web\" is forbidden: User \"system:node:authz-b\" cannot get resource \"pods\" in API group \"\" in the namespace \"default\": no relationship found between node 'authz-b' and this object",
+    );
+    let listed = a.ok(
+        &[
+            "get",
+            "pods",
+            "-A",
+            "--field-selector",
+            &format!("spec.nodeName={NODE_A}"),
+            "-o",
+            "name",
+        ],
+        None,
+    );
+    assert!(listed.contains("pod/web"), "{listed}");
+    a.forbidden(
+        &["get", "pods", "-A"],
+        None,
+        "pods is forbidden: User \"system:node:authz-a\" cannot list resource \"pods\" in API group \"\" at the cluster scope: can only list/watch pods with spec.nodeName field selector",
+    );
+    b.forbidden(
+        &[
+            "get",
+            "pods",
+            "-A",
+            "--field-selector",
+            &format!("spec.nodeName={NODE_A}"),
+        ],
+        None,
+        "can only list/watch pods with spec.nodeName field selector",
+    );
+    // B may not write A's Node (a raw PUT: kubectl's label and patch GET it first), Lease or
+    // pod status.
+    let mut node_a: serde_json::Value =
+        serde_json::from_str(&node.kube.ok(&["get", "node", NODE_A, "-o", "json"]))
+            .expect("node json");
+    node_a["metadata"]["labels"]["x"] = "y".into();
+    b.forbidden(
+        &[
+            "replace",
+            "--raw",
+            &format!("/api/v1/nodes/{NODE_A}"),
+            "-f",
+            "-",
+        ],
+        Some(&node_a.to_string()),
         "nodes \"authz-a\" is forbidden: node \"authz-b\" is not allowed to modify node \"authz-a\"",
     );
     b.forbidden(

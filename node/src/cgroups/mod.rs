@@ -16,6 +16,11 @@
 //!   `cpu.weight` (shares converted as runc's `CpuSharesToCpuWeight`), `cpu.max`,
 //!   `memory.max`, `pids.max`.
 //!
+//! Hugepage limits (`hugetlb.<size>.limit_in_bytes` on v1, `hugetlb.<size>.max` on v2) go to
+//! the hugetlb hierarchy wherever it is: a v1 one, the unified tree, or, on a hybrid host
+//! whose v1 set lacks it, the unified mount beside the v1 hierarchies (runc's `cgroupfs`
+//! driver places a container in that mount too, so the pod's limit caps its containers).
+//!
 //! The trick it carries: the cgroup names are runc's own (`cgroupsPath` absolute from each
 //! hierarchy's root), so the kubelet creates the QoS and pod cgroups with their limits and
 //! runc then creates the containers' cgroups beneath them, where the kernel caps a child by
@@ -95,6 +100,56 @@ pub struct ResourceConfig {
     pub memory: Option<i64>,
     /// Most processes; -1: unlimited.
     pub pids_limit: Option<i64>,
+    /// Hugepage limits in bytes by page size as the kernel names it (`2MB`, `1GB`); `None`
+    /// leaves them as they are.
+    pub hugepage_limits: Option<BTreeMap<String, u64>>,
+}
+
+/// Where hugepage pools are listed, one `hugepages-<n>kB` directory per page size.
+pub const HUGEPAGES_DIR: &str = "/sys/kernel/mm/hugepages";
+
+/// The hugetlb controller's name (its files' prefix).
+pub const HUGETLB: &str = "hugetlb";
+
+/// The page sizes this host supports, as the kernel names them in hugetlb files (`2MB`,
+/// `1GB`; libcontainer's `HugePageSizes`), read once.
+pub fn hugepage_sizes() -> &'static [String] {
+    static SIZES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    SIZES.get_or_init(|| hugepage_sizes_in(Path::new(HUGEPAGES_DIR)))
+}
+
+/// The page sizes listed under `dir` (see [`hugepage_sizes`]), smallest first; none when
+/// the kernel has no hugepages.
+pub fn hugepage_sizes_in(dir: &Path) -> Vec<String> {
+    let mut sizes: Vec<u64> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let kb = name.strip_prefix("hugepages-")?.strip_suffix("kB")?;
+            kb.parse::<u64>().ok()?.checked_mul(1024)
+        })
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes.into_iter().filter_map(hugepage_unit_size).collect()
+}
+
+/// A page size in bytes as the kernel names it (`v1helper.HugePageUnitSizeFromByteSize`:
+/// divided by 1024 while it divides, `2MB`, `1GB`); `None` for a size not a whole number of
+/// its largest unit.
+pub fn hugepage_unit_size(mut size: u64) -> Option<String> {
+    const UNITS: [&str; 6] = ["B", "KB", "MB", "GB", "TB", "PB"];
+    let mut idx = 0;
+    while size != 0 && size.is_multiple_of(1024) && idx < UNITS.len() - 1 {
+        size /= 1024;
+        idx += 1;
+    }
+    if size > 1024 && idx < UNITS.len() - 1 {
+        return None;
+    }
+    Some(format!("{size}{}", UNITS[idx]))
 }
 
 /// What a cgroup's files hold, read back (for the kubelet's checks and the tests).
@@ -112,6 +167,8 @@ pub struct Observed {
     pub memory: Option<i64>,
     /// `pids.max`; -1 for `max`.
     pub pids_limit: Option<i64>,
+    /// `hugetlb.<size>.limit_in_bytes` or `hugetlb.<size>.max` by page size; -1 for `max`.
+    pub hugepage_limits: BTreeMap<String, i64>,
 }
 
 /// A failure on a cgroup file, naming it.
@@ -252,6 +309,25 @@ impl CgroupManager {
         }
     }
 
+    /// The directory of `name` in the hugetlb hierarchy and whether that is a v2 one (the
+    /// unified tree, or a hybrid host's unified mount when its `cgroup.controllers` lists
+    /// hugetlb and no v1 hierarchy carries it).
+    pub fn hugetlb_path(&self, name: &str) -> Option<(PathBuf, bool)> {
+        if let Layout::V1(h) = &self.layout {
+            if let Some(dir) = self.path(HUGETLB, name) {
+                return Some((dir, false));
+            }
+            let unified = h.get("")?;
+            let controllers =
+                std::fs::read_to_string(unified.join("cgroup.controllers")).unwrap_or_default();
+            return controllers
+                .split_whitespace()
+                .any(|c| c == HUGETLB)
+                .then(|| (unified.join(name.trim_start_matches('/')), true));
+        }
+        self.path(HUGETLB, name).map(|dir| (dir, true))
+    }
+
     /// Every directory `name` has (one per v1 hierarchy, one on v2).
     pub fn dirs(&self, name: &str) -> Vec<PathBuf> {
         let rel = name.trim_start_matches('/');
@@ -269,29 +345,16 @@ impl CgroupManager {
     /// Creates `name` (and its missing ancestors) and sets `config` (upstream `Create`).
     pub fn create(&self, name: &str, config: &ResourceConfig) -> Result<(), CgroupError> {
         match &self.layout {
-            Layout::V2(root) => {
-                let rel = Path::new(name.trim_start_matches('/'));
-                // Each ancestor enables its controllers for its children, down to the parent.
-                let mut dir = root.clone();
-                for part in rel.components() {
-                    enable_controllers(&dir)?;
-                    dir.push(part);
-                    if !dir.is_dir() {
-                        std::fs::create_dir(&dir)
-                            .or_else(|e| {
-                                if e.kind() == std::io::ErrorKind::AlreadyExists {
-                                    Ok(())
-                                } else {
-                                    Err(e)
-                                }
-                            })
-                            .map_err(io(&dir))?;
-                    }
-                }
-            }
+            Layout::V2(root) => create_unified(root, name)?,
             Layout::V1(h) => {
                 for (controllers, mount) in h {
                     let dir = mount.join(name.trim_start_matches('/'));
+                    if controllers.is_empty() {
+                        // The hybrid layout's unified mount: its controllers (hugetlb here)
+                        // reach a child only when every ancestor enables them, as on v2.
+                        create_unified(mount, name)?;
+                        continue;
+                    }
                     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
                     if controllers.split(',').any(|c| c == "cpuset") {
                         init_cpuset(mount, &dir)?;
@@ -354,6 +417,20 @@ impl CgroupManager {
                 }
             }
         }
+        // runc's `fs.HugetlbGroup.Set` / `fs2.setHugeTlb` (v2 also takes a reservation
+        // limit, `hugetlb.<size>.rsvd.max`, which the kubelet 1.32 does not set).
+        if let (Some(limits), Some((dir, v2))) =
+            (config.hugepage_limits.as_ref(), self.hugetlb_path(name))
+        {
+            for (size, limit) in limits {
+                let file = if v2 {
+                    format!("hugetlb.{size}.max")
+                } else {
+                    format!("hugetlb.{size}.limit_in_bytes")
+                };
+                write(&dir, &file, &limit.to_string())?;
+            }
+        }
         Ok(())
     }
 
@@ -384,6 +461,18 @@ impl CgroupManager {
                 }
                 o.memory = read_num(&dir, "memory.max")?;
                 o.pids_limit = read_num(&dir, "pids.max")?;
+            }
+        }
+        if let Some((dir, v2)) = self.hugetlb_path(name) {
+            for size in hugepage_sizes() {
+                let file = if v2 {
+                    format!("hugetlb.{size}.max")
+                } else {
+                    format!("hugetlb.{size}.limit_in_bytes")
+                };
+                if let Some(v) = read_num::<i64>(&dir, &file)? {
+                    o.hugepage_limits.insert(size.clone(), v);
+                }
             }
         }
         Ok(o)
@@ -485,6 +574,29 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
         out.push(d);
     }
     out
+}
+
+/// Creates `name` under a cgroup2 mount `root`, each ancestor first enabling its
+/// controllers for its children, down to the parent.
+fn create_unified(root: &Path, name: &str) -> Result<(), CgroupError> {
+    let rel = Path::new(name.trim_start_matches('/'));
+    let mut dir = root.to_path_buf();
+    for part in rel.components() {
+        enable_controllers(&dir)?;
+        dir.push(part);
+        if !dir.is_dir() {
+            std::fs::create_dir(&dir)
+                .or_else(|e| {
+                    if e.kind() == std::io::ErrorKind::AlreadyExists {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                })
+                .map_err(io(&dir))?;
+        }
+    }
+    Ok(())
 }
 
 /// The v2 controllers the kubelet's limits need; the others are enabled when the kernel

@@ -11,6 +11,7 @@
 //! as pods come and go. Memory QoS (`memory.min` / `memory.high` reservations) is off, as
 //! upstream's default.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -115,7 +116,31 @@ pub fn resource_config_for_pod(pod: &Pod, qos: &str, pod_pids_limit: i64) -> Res
     if pod_pids_limit > 0 {
         config.pids_limit = Some(pod_pids_limit);
     }
+    config.hugepage_limits = Some(hugepage_limits(&requests, super::hugepage_sizes()));
     config
+}
+
+/// The hugepage limits of a resource list in bytes by page size (`HugePageLimits` of the pod's
+/// requests, which validation makes equal to its limits), and 0 for every other size the host
+/// has (`cgroup_manager_linux.go` `toResources`: "for each page size omitted, limit to 0").
+pub fn hugepage_limits(list: &ResourceList, host_sizes: &[String]) -> BTreeMap<String, u64> {
+    let mut out: BTreeMap<String, u64> = host_sizes.iter().map(|s| (s.clone(), 0)).collect();
+    for (name, amount) in list {
+        let Some(size) = hugepage_size(name) else {
+            continue;
+        };
+        let bytes = u64::try_from(units(*amount)).unwrap_or(0);
+        let total = out.entry(size).or_insert(0);
+        *total = total.saturating_add(bytes);
+    }
+    out
+}
+
+/// The page size of a `hugepages-<size>` resource as the kernel names it (`2MB`); `None` for
+/// another resource (`v1helper.HugePageSizeFromResourceName`, `HugePageUnitSizeFromByteSize`).
+pub fn hugepage_size(resource: &str) -> Option<String> {
+    let size = Quantity::parse(resource.strip_prefix("hugepages-")?)?;
+    super::hugepage_unit_size(u64::try_from(units(size)).ok()?)
 }
 
 /// `getCgroupConfig` of the node-allocatable cgroup: memory in bytes, CPU as shares, pids
@@ -434,9 +459,34 @@ mod tests {
             c,
             ResourceConfig {
                 cpu_shares: Some(2),
+                hugepage_limits: Some(hugepage_limits(
+                    &ResourceList::new(),
+                    crate::cgroups::hugepage_sizes()
+                )),
                 ..Default::default()
             }
         );
+    }
+
+    #[test]
+    fn hugepages_requested_are_the_pod_s_limits_and_other_sizes_are_zero() {
+        let p = pod(serde_json::json!({"spec": {"containers": [
+            {"name": "a", "resources": {
+                "requests": {"hugepages-2Mi": "4Mi", "memory": "10Mi", "cpu": "1"},
+                "limits": {"hugepages-2Mi": "4Mi", "memory": "10Mi", "cpu": "1"}}},
+            {"name": "b", "resources": {
+                "requests": {"hugepages-2Mi": "2Mi", "memory": "10Mi", "cpu": "1"},
+                "limits": {"hugepages-2Mi": "2Mi", "memory": "10Mi", "cpu": "1"}}}
+        ]}}));
+        let requests = pod_requests(&p, &PodResourcesOptions::default());
+        let sizes = ["2MB".to_string(), "1GB".to_string()];
+        assert_eq!(
+            hugepage_limits(&requests, &sizes),
+            [("1GB".to_string(), 0), ("2MB".to_string(), 6 << 20)].into()
+        );
+        assert_eq!(hugepage_size("hugepages-1Gi").as_deref(), Some("1GB"));
+        assert_eq!(hugepage_size("hugepages-2Mi").as_deref(), Some("2MB"));
+        assert_eq!(hugepage_size("memory"), None);
     }
 
     #[test]

@@ -114,6 +114,7 @@ async fn v2_create_enables_controllers_and_writes_limits() {
         cpu_period: Some(QUOTA_PERIOD),
         memory: Some(128 << 20),
         pids_limit: Some(100),
+        hugepage_limits: None,
     };
     m.create("/kubepods/burstable/podX", &config)
         .expect("create");
@@ -200,6 +201,7 @@ fn v1_writes_each_controller_in_its_hierarchy() {
         cpu_period: Some(QUOTA_PERIOD),
         memory: Some(150 << 20),
         pids_limit: Some(-1),
+        hugepage_limits: None,
     };
     m.create("/kp/podY", &config).expect("create");
     let read = |c: &str, f: &str| {
@@ -223,4 +225,83 @@ fn v1_writes_each_controller_in_its_hierarchy() {
     assert_eq!(o.cpu_shares, Some(307));
     assert_eq!(o.memory, Some(150 << 20));
     assert_eq!(o.pids_limit, Some(-1));
+}
+
+#[test]
+fn page_sizes_as_the_kernel_names_them() {
+    // `v1helper.HugePageUnitSizeFromByteSize` (helpers_test.go's table).
+    for (bytes, name) in [
+        (1024, Some("1KB")),
+        (33_554_432, Some("32MB")),
+        (1_073_741_824, Some("1GB")),
+        (2_097_152, Some("2MB")),
+        (100, Some("100B")),
+        (1025, None),
+    ] {
+        assert_eq!(hugepage_unit_size(bytes).as_deref(), name, "{bytes}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for pool in ["hugepages-1048576kB", "hugepages-2048kB", "not-a-pool"] {
+        std::fs::create_dir(dir.path().join(pool)).unwrap();
+    }
+    assert_eq!(hugepage_sizes_in(dir.path()), ["2MB", "1GB"]);
+    assert!(hugepage_sizes_in(&dir.path().join("absent")).is_empty());
+}
+
+#[test]
+fn hugetlb_limits_go_to_the_hybrid_hosts_unified_mount() {
+    // v1 hierarchies without hugetlb, the unified mount beside them carrying it.
+    let root = tempfile::tempdir().unwrap();
+    let cpu = root.path().join("cpu");
+    let unified = root.path().join("unified");
+    std::fs::create_dir_all(&cpu).unwrap();
+    std::fs::create_dir_all(&unified).unwrap();
+    std::fs::write(unified.join("cgroup.controllers"), "hugetlb\n").unwrap();
+    std::fs::write(unified.join("cgroup.subtree_control"), "").unwrap();
+    let m = CgroupManager::v1([
+        ("cpu".to_string(), cpu.clone()),
+        (String::new(), unified.clone()),
+    ]);
+    let limits: BTreeMap<String, u64> =
+        [("2MB".to_string(), 4 << 20), ("1GB".to_string(), 0)].into();
+    m.create(
+        "/kp/podZ",
+        &ResourceConfig {
+            hugepage_limits: Some(limits),
+            ..Default::default()
+        },
+    )
+    .expect("create");
+    assert_eq!(
+        std::fs::read_to_string(unified.join("cgroup.subtree_control")).unwrap(),
+        "+hugetlb",
+        "the unified root lets its children use hugetlb"
+    );
+    let pod = unified.join("kp/podZ");
+    assert_eq!(
+        std::fs::read_to_string(pod.join("hugetlb.2MB.max")).unwrap(),
+        "4194304"
+    );
+    assert_eq!(
+        std::fs::read_to_string(pod.join("hugetlb.1GB.max")).unwrap(),
+        "0"
+    );
+    assert!(!cpu.join("kp/podZ/hugetlb.2MB.limit_in_bytes").exists());
+
+    // A v1 hugetlb hierarchy takes them as `limit_in_bytes`.
+    let hugetlb = root.path().join("hugetlb");
+    std::fs::create_dir_all(&hugetlb).unwrap();
+    let m = CgroupManager::v1([("hugetlb".to_string(), hugetlb.clone())]);
+    m.create(
+        "/kp/podZ",
+        &ResourceConfig {
+            hugepage_limits: Some([("2MB".to_string(), 2 << 20)].into()),
+            ..Default::default()
+        },
+    )
+    .expect("create");
+    assert_eq!(
+        std::fs::read_to_string(hugetlb.join("kp/podZ/hugetlb.2MB.limit_in_bytes")).unwrap(),
+        "2097152"
+    );
 }

@@ -127,6 +127,7 @@ pub fn linux_resources(
         oom_score_adj: oom_score_adj(qos, c, memory_capacity),
         ..Default::default()
     };
+    r.hugepage_limits = hugepage_limits(c, crate::cgroups::hugepage_sizes());
     if host.v2 {
         r.unified
             .insert(MEMORY_OOM_GROUP.to_string(), "1".to_string());
@@ -138,6 +139,32 @@ pub fn linux_resources(
         r.memory_swap_limit_in_bytes = memory_limit;
     }
     r
+}
+
+/// `GetHugepageLimitsFromResources` (`kuberuntime_container_linux.go`): every page size the
+/// host has, in its order, limited to 0 unless the container's limits ask for that size.
+pub fn hugepage_limits(c: &Container, host_sizes: &[String]) -> Vec<api::HugepageLimit> {
+    let limits = c
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .map(|l| {
+            l.iter()
+                .filter_map(|(name, q)| {
+                    let size = crate::cgroups::pod::hugepage_size(name)?;
+                    let bytes = u64::try_from(units(Quantity::parse(&q.0)?)).ok()?;
+                    Some((size, bytes))
+                })
+                .collect::<HashMap<String, u64>>()
+        })
+        .unwrap_or_default();
+    host_sizes
+        .iter()
+        .map(|size| api::HugepageLimit {
+            page_size: size.clone(),
+            limit: limits.get(size).copied().unwrap_or(0),
+        })
+        .collect()
 }
 
 /// The container's security context as CRI takes it (pod-level values where the container
@@ -486,5 +513,24 @@ mod tests {
         let caps = sc.capabilities.expect("caps");
         assert_eq!(caps.add_capabilities, ["CAP_NET_ADMIN"]);
         assert_eq!(caps.drop_capabilities, ["ALL"]);
+    }
+
+    #[test]
+    fn hugepage_limits_list_every_host_size_zero_unless_asked() {
+        let c: Container = serde_json::from_value(serde_json::json!({
+            "name": "c",
+            "resources": {"limits": {"hugepages-2Mi": "6Mi", "hugepages-64Ki": "1Mi"}}
+        }))
+        .unwrap();
+        let sizes = ["2MB".to_string(), "1GB".to_string()];
+        let got: Vec<(String, u64)> = hugepage_limits(&c, &sizes)
+            .into_iter()
+            .map(|l| (l.page_size, l.limit))
+            .collect();
+        // The size the host lacks is dropped, as upstream's loop over the host's sizes.
+        assert_eq!(got, [("2MB".to_string(), 6 << 20), ("1GB".to_string(), 0)]);
+        let none: Container = serde_json::from_value(serde_json::json!({"name": "c"})).unwrap();
+        assert!(hugepage_limits(&none, &sizes).iter().all(|l| l.limit == 0));
+        assert!(hugepage_limits(&none, &[]).is_empty());
     }
 }

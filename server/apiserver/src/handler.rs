@@ -170,6 +170,8 @@ impl ApiServer {
                 .get("pods")
                 .cloned()
                 .expect("pods are stored and cached"),
+            // Not served yet: the graph then holds no volume, as upstream's with none.
+            caches.get("persistentvolumes").cloned(),
         );
         let compactor = config
             .compaction_interval
@@ -191,6 +193,12 @@ impl ApiServer {
             compactor,
         })
     }
+}
+
+/// Whether `name` may stand in a path segment (apimachinery's `IsValidPathSegmentName`):
+/// not `.` or `..`, no `/` or `%`.
+fn valid_path_segment_name(name: &str) -> bool {
+    !matches!(name, "." | "..") && !name.contains(['/', '%'])
 }
 
 impl ApiServer {
@@ -426,6 +434,17 @@ impl ApiServer {
     }
 
     pub(crate) fn authorize(&self, info: &RequestInfo, user: &UserInfo) -> Result<(), ApiError> {
+        // A list or watch pinned to one name by `metadata.name=` is asked as that name
+        // (k8s.io/apiserver/pkg/endpoints/request/requestinfo.go), so a node may watch its
+        // own Node and RBAC's resourceNames apply.
+        let selected_name = info
+            .field_selector
+            .as_deref()
+            .filter(|_| info.name.is_none() && matches!(info.verb.as_str(), "list" | "watch"))
+            .and_then(|text| skerry_api::selector::FieldSelector::parse_any(text).ok())
+            .and_then(|s| s.exact_name().map(str::to_string))
+            .filter(|n| valid_path_segment_name(n));
+        let name = info.name.clone().or(selected_name);
         let attributes = if info.resource_request {
             let mut a = Attributes::resource(
                 user.clone(),
@@ -433,8 +452,9 @@ impl ApiServer {
                 &info.group,
                 &info.resource,
                 info.namespace.as_deref().unwrap_or(""),
-                info.name.as_deref().unwrap_or(""),
-            );
+                name.as_deref().unwrap_or(""),
+            )
+            .with_field_selector(info.field_selector.as_deref());
             if let Some(sub) = &info.subresource {
                 a = a.with_subresource(sub);
             }
@@ -448,7 +468,7 @@ impl ApiServer {
         }
         let mut message = if info.resource_request {
             let resource = skerry_api::status::qualified(&info.group, &info.resource);
-            match &info.name {
+            match &name {
                 Some(name) => format!(
                     "{resource} {name:?} is forbidden: {}",
                     attributes.forbidden_message()
@@ -469,7 +489,7 @@ impl ApiServer {
         if info.resource_request {
             e.group = Some(info.group.clone());
             e.kind = Some(info.resource.clone());
-            e.name = info.name.clone();
+            e.name = name;
         }
         Err(e)
     }

@@ -5,15 +5,21 @@
 //!
 //! A node (`system:node:<name>` in `system:nodes`, [`node_identity`]) may read a secret,
 //! configmap or persistentvolumeclaim, and create a token for a service account, only when
-//! one of the pods bound to it references that object ([`crate::node_graph`]); it may reach
+//! one of the pods bound to it references that object ([`crate::node_graph`]); a
+//! PersistentVolume only when it is bound to such a claim, and that volume's secrets; it may reach
 //! only its own Lease in `kube-node-lease`; everything else it asks is decided by the node
 //! rules (`bootstrappolicy.NodeRules()`, [`crate::auth::bootstrap::node_rules`]). What the
 //! authorizer refuses is "no opinion", as upstream: RBAC may still grant it, and the 403
 //! carries the reasons of both, joined as kube-apiserver's union authorizer joins them.
 //!
-//! Pods and Nodes are decided by the node rules, as upstream without its
-//! `AuthorizeNodeWithSelectors` gate; NodeRestriction ([`crate::noderestriction`]) narrows
-//! what a node may write to them.
+//! Pods and Nodes are decided as upstream with its `AuthorizeNodeWithSelectors` gate (beta,
+//! on by default in 1.32): a node reads only its own Node (get, or list/watch with
+//! `fieldSelector=metadata.name=<self>`, which the request's attributes carry as its name),
+//! gets only the pods bound to it, lists and watches pods only with
+//! `fieldSelector=spec.nodeName=<self>`; it may create, update and patch Nodes and their
+//! status, and create and delete pods, update their status and evict them, which
+//! NodeRestriction ([`crate::noderestriction`]) narrows to its own. Anything else on pods and
+//! nodes is no opinion, without the node rules.
 
 use std::sync::Arc;
 
@@ -52,17 +58,21 @@ pub enum NodeDecision {
 pub struct NodeAuthorizer {
     /// The pods' watch cache the graph follows; `None` for a graph set by hand (tests).
     pods: Option<Arc<WatchCache>>,
-    /// The graph and the cache resourceVersion it was brought to.
-    graph: Mutex<(i64, Graph)>,
+    /// The PersistentVolumes' watch cache, when the apiserver serves them.
+    volumes: Option<Arc<WatchCache>>,
+    /// The graph and the pods' and volumes' cache resourceVersions it was brought to.
+    graph: Mutex<(i64, i64, Graph)>,
     rules: Vec<PolicyRule>,
 }
 
 impl NodeAuthorizer {
-    /// An authorizer whose graph follows `pods`.
-    pub fn new(pods: Arc<WatchCache>) -> Self {
+    /// An authorizer whose graph follows `pods` and, when served, the PersistentVolumes'
+    /// cache `volumes`.
+    pub fn new(pods: Arc<WatchCache>, volumes: Option<Arc<WatchCache>>) -> Self {
         NodeAuthorizer {
             pods: Some(pods),
-            graph: Mutex::new((-1, Graph::default())),
+            volumes,
+            graph: Mutex::new((-1, -1, Graph::default())),
             rules: crate::auth::bootstrap::node_rules(),
         }
     }
@@ -71,7 +81,8 @@ impl NodeAuthorizer {
     pub fn with_graph(graph: Graph) -> Self {
         NodeAuthorizer {
             pods: None,
-            graph: Mutex::new((0, graph)),
+            volumes: None,
+            graph: Mutex::new((0, 0, graph)),
             rules: crate::auth::bootstrap::node_rules(),
         }
     }
@@ -87,11 +98,20 @@ impl NodeAuthorizer {
             // graph is newer than the version it records and the next decision syncs again.
             let version = pods.resource_version();
             if state.0 != version {
-                state.1.sync(pods.items());
+                state.2.sync(pods.items());
                 state.0 = version;
             }
         }
-        state.1.has_path(node, kind, namespace, name)
+        if let Some(volumes) = &self.volumes
+            && volumes.is_ready()
+        {
+            let version = volumes.resource_version();
+            if state.1 != version {
+                state.2.sync_volumes(volumes.items());
+                state.1 = version;
+            }
+        }
+        state.2.has_path(node, kind, namespace, name)
     }
 
     /// Decides `a` (Kubernetes' `NodeAuthorizer.Authorize`).
@@ -112,9 +132,11 @@ impl NodeAuthorizer {
                     }
                     return self.get(node, Kind::PersistentVolumeClaim, a);
                 }
-                ("", "persistentvolumes") => return self.get_persistent_volume(node, a),
+                ("", "persistentvolumes") => return self.get(node, Kind::PersistentVolume, a),
                 ("", "serviceaccounts") => return self.create_token(node, a),
                 ("coordination.k8s.io", "leases") => return lease(node, a),
+                ("", "nodes") => return authorize_node(node, a),
+                ("", "pods") => return self.authorize_pod(node, a),
                 _ => {}
             }
         }
@@ -150,27 +172,38 @@ impl NodeAuthorizer {
         self.related(node, kind, a)
     }
 
+    /// Pods (upstream's `authorizePod`): a get of one bound to the node, a list or watch
+    /// selecting `spec.nodeName=<node>` (or named, and bound to it), create and delete (mirror
+    /// pods), a status write, an eviction; nothing else.
+    fn authorize_pod(&self, node: &str, a: &Attributes) -> NodeDecision {
+        match (a.subresource.as_str(), a.verb.as_str()) {
+            ("", "get") => self.get(node, Kind::Pod, a),
+            ("", "list" | "watch") => {
+                let selected = a
+                    .field_selector
+                    .as_ref()
+                    .is_some_and(|s| s.exact("spec.nodeName") == Some(node));
+                if selected {
+                    NodeDecision::Allow
+                } else if !a.name.is_empty() {
+                    self.related(node, Kind::Pod, a)
+                } else {
+                    no("can only list/watch pods with spec.nodeName field selector")
+                }
+            }
+            ("", "create" | "delete") | ("status", "update" | "patch") | ("eviction", "create") => {
+                NodeDecision::Allow
+            }
+            _ => no(""),
+        }
+    }
+
     /// A claim's status (upstream's `authorizeStatusUpdate`).
     fn status_update(&self, node: &str, a: &Attributes) -> NodeDecision {
         if !matches!(a.verb.as_str(), "update" | "patch") {
             return no("can only get/update/patch this type");
         }
         self.related(node, Kind::PersistentVolumeClaim, a)
-    }
-
-    /// PersistentVolumes are not served, so no pod reaches one through a bound claim: the
-    /// verb checks of `authorizeGet`, then no relationship.
-    fn get_persistent_volume(&self, node: &str, a: &Attributes) -> NodeDecision {
-        if a.verb != "get" {
-            return no("can only get individual resources of this type");
-        }
-        if !a.subresource.is_empty() {
-            return no("cannot get subresource");
-        }
-        if a.name.is_empty() {
-            return no("No Object name found");
-        }
-        no_relationship(node)
     }
 
     /// `serviceaccounts/token` (upstream's `authorizeCreateToken`).
@@ -225,6 +258,25 @@ fn lease(node: &str, a: &Attributes) -> NodeDecision {
         return no("can only access node lease with the same name as the requesting node");
     }
     NodeDecision::Allow
+}
+
+/// Nodes (upstream's `authorizeNode`): create, update and patch of Nodes and their status
+/// (NodeRestriction keeps a node to its own); get, list and watch of its own by name only,
+/// compared directly so a kubelet may look before it registers.
+fn authorize_node(node: &str, a: &Attributes) -> NodeDecision {
+    match (a.subresource.as_str(), a.verb.as_str()) {
+        ("", "create" | "update" | "patch") | ("status", "update" | "patch") => NodeDecision::Allow,
+        ("", "get" | "list" | "watch") => match a.name.as_str() {
+            name if name == node => NodeDecision::Allow,
+            "" => NodeDecision::NoOpinion(format!(
+                "node '{node}' cannot read all nodes, only its own Node object"
+            )),
+            name => NodeDecision::NoOpinion(format!(
+                "node '{node}' cannot read '{name}', only its own Node object"
+            )),
+        },
+        _ => no(""),
+    }
 }
 
 /// The chain: `system:masters`, the Node authorizer, RBAC. The first that allows decides;
@@ -283,6 +335,20 @@ mod tests {
                 None,
             ),
         );
+        graph.set_volume(CachedObject::new(
+            json!({
+                "metadata": {"name": "pv1"},
+                "spec": {"claimRef": {"namespace": "default", "name": "data"},
+                         "iscsi": {"targetPortal": "t", "iqn": "q", "lun": 0,
+                                   "secretRef": {"name": "chap"}}}
+            }),
+            None,
+        ));
+        graph.set_volume(CachedObject::new(
+            json!({"metadata": {"name": "pv2"},
+                   "spec": {"claimRef": {"namespace": "default", "name": "unused"}}}),
+            None,
+        ));
         NodeAuthorizer::with_graph(graph)
     }
 
@@ -373,10 +439,150 @@ mod tests {
             )),
             no("can only get individual resources of this type")
         );
+    }
+
+    #[test]
+    fn a_node_gets_the_volume_bound_to_its_pods_claim_and_the_volume_s_secret() {
+        let z = authorizer();
         assert_eq!(
             z.authorize(&get(node_user("a"), "persistentvolumes", "", "pv1")),
+            NodeDecision::Allow
+        );
+        assert_eq!(
+            z.authorize(&get(node_user("a"), "secrets", "default", "chap")),
+            NodeDecision::Allow
+        );
+        for (user, resource, ns, name) in [
+            ("b", "persistentvolumes", "", "pv1"),
+            ("b", "secrets", "default", "chap"),
+            ("a", "persistentvolumes", "", "pv2"),
+            ("a", "persistentvolumes", "", "missing"),
+        ] {
+            assert_eq!(
+                z.authorize(&get(node_user(user), resource, ns, name)),
+                no(&format!(
+                    "no relationship found between node '{user}' and this object"
+                )),
+                "{user} {resource} {name}"
+            );
+        }
+        let list = Attributes::resource(node_user("a"), "list", "", "persistentvolumes", "", "");
+        assert_eq!(
+            z.authorize(&list),
+            no("can only get individual resources of this type")
+        );
+        let status = get(node_user("a"), "persistentvolumes", "", "pv1").with_subresource("status");
+        assert_eq!(z.authorize(&status), no("cannot get subresource"));
+    }
+
+    #[test]
+    fn a_node_reads_only_its_own_node_and_lists_only_its_own_pods() {
+        let z = authorizer();
+        let on = |verb: &str, resource: &str, ns: &str, name: &str, selector: Option<&str>| {
+            z.authorize(
+                &Attributes::resource(node_user("a"), verb, "", resource, ns, name)
+                    .with_field_selector(selector),
+            )
+        };
+        // Nodes: its own by name (a list or watch pinned by metadata.name arrives named).
+        for verb in ["get", "list", "watch"] {
+            assert_eq!(
+                on(verb, "nodes", "", "a", None),
+                NodeDecision::Allow,
+                "{verb}"
+            );
+            assert_eq!(
+                on(verb, "nodes", "", "b", None),
+                no("node 'a' cannot read 'b', only its own Node object")
+            );
+        }
+        assert_eq!(
+            on("list", "nodes", "", "", None),
+            no("node 'a' cannot read all nodes, only its own Node object")
+        );
+        for verb in ["create", "update", "patch"] {
+            assert_eq!(
+                on(verb, "nodes", "", "b", None),
+                NodeDecision::Allow,
+                "{verb}"
+            );
+        }
+        let status = |verb: &str| {
+            z.authorize(
+                &Attributes::resource(node_user("a"), verb, "", "nodes", "", "a")
+                    .with_subresource("status"),
+            )
+        };
+        assert_eq!(status("patch"), NodeDecision::Allow);
+        assert_eq!(status("get"), no(""));
+        // No deleting Nodes, not even its own (the node rules are not consulted).
+        assert_eq!(on("delete", "nodes", "", "a", None), no(""));
+
+        // Pods: a get of one bound to it.
+        assert_eq!(
+            on("get", "pods", "default", "web", None),
+            NodeDecision::Allow
+        );
+        assert_eq!(
+            z.authorize(&get(node_user("b"), "pods", "default", "web")),
+            no("no relationship found between node 'b' and this object")
+        );
+        assert_eq!(
+            on("get", "pods", "default", "other", None),
             no("no relationship found between node 'a' and this object")
         );
+        // Lists and watches with its spec.nodeName only.
+        for verb in ["list", "watch"] {
+            assert_eq!(
+                on(verb, "pods", "", "", Some("spec.nodeName=a")),
+                NodeDecision::Allow
+            );
+            assert_eq!(
+                on(
+                    verb,
+                    "pods",
+                    "",
+                    "",
+                    Some("status.phase!=Failed,spec.nodeName==a")
+                ),
+                NodeDecision::Allow
+            );
+            for selector in [
+                None,
+                Some("spec.nodeName=b"),
+                Some("spec.nodeName!=a"),
+                Some("garbage"),
+            ] {
+                assert_eq!(
+                    on(verb, "pods", "", "", selector),
+                    no("can only list/watch pods with spec.nodeName field selector"),
+                    "{selector:?}"
+                );
+            }
+            // Pinned to one pod by name: that pod's binding decides.
+            assert_eq!(
+                on(verb, "pods", "default", "web", None),
+                NodeDecision::Allow
+            );
+        }
+        assert_eq!(
+            on("create", "pods", "default", "", None),
+            NodeDecision::Allow
+        );
+        assert_eq!(
+            on("delete", "pods", "default", "x", None),
+            NodeDecision::Allow
+        );
+        assert_eq!(on("update", "pods", "default", "web", None), no(""));
+        let sub = |verb: &str, sub: &str| {
+            z.authorize(
+                &Attributes::resource(node_user("a"), verb, "", "pods", "default", "web")
+                    .with_subresource(sub),
+            )
+        };
+        assert_eq!(sub("update", "status"), NodeDecision::Allow);
+        assert_eq!(sub("create", "eviction"), NodeDecision::Allow);
+        assert_eq!(sub("get", "log"), no(""));
     }
 
     #[test]
@@ -446,10 +652,6 @@ mod tests {
             Attributes::resource(node_user("a"), verb, "", resource, "default", "x")
         };
         assert_eq!(z.authorize(&a("create", "events")), NodeDecision::Allow);
-        assert_eq!(
-            z.authorize(&a("update", "pods").with_subresource("status")),
-            NodeDecision::Allow
-        );
         assert_eq!(z.authorize(&a("delete", "services")), no(""));
         let jane = UserInfo::authenticated("jane", "", vec![]);
         assert_eq!(

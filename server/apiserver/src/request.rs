@@ -30,6 +30,9 @@ pub struct RequestInfo {
     pub subresource: Option<String>,
     pub name: Option<String>,
     pub path: String,
+    /// A list's, watch's or deletecollection's `?fieldSelector=` as sent, for the
+    /// authorizers (`AuthorizeWithSelectors`, on by default since 1.32); `None` otherwise.
+    pub field_selector: Option<String>,
 }
 
 impl RequestInfo {
@@ -46,6 +49,7 @@ impl RequestInfo {
             subresource: None,
             name: None,
             path: path.to_string(),
+            field_selector: None,
         };
         let trimmed = path.trim_matches('/');
         let mut parts: Vec<&str> = trimmed.split('/').collect();
@@ -112,6 +116,11 @@ impl RequestInfo {
         if verb == "delete" && name.is_none() {
             verb = "deletecollection".into();
         }
+        // k8s.io/apiserver/pkg/endpoints/filters/authorization.go (`GetAuthorizerAttributes`)
+        // reads selectors only for the verbs that take them.
+        let field_selector = matches!(verb.as_str(), "list" | "watch" | "deletecollection")
+            .then(|| query.get("fieldSelector").cloned())
+            .flatten();
         RequestInfo {
             verb,
             resource_request: true,
@@ -122,6 +131,7 @@ impl RequestInfo {
             subresource,
             name,
             path: path.to_string(),
+            field_selector,
         }
     }
 }

@@ -195,6 +195,12 @@ fn attributes(user: UserInfo, spec: &Value) -> Attributes {
                 text("name"),
             )
             .with_subresource(text("subresource"))
+            // 1.31's `fieldSelector.rawSelector` (AuthorizeWithSelectors); the structured
+            // `requirements` form is not read.
+            .with_field_selector(
+                r.pointer("/fieldSelector/rawSelector")
+                    .and_then(Value::as_str),
+            )
         }
         None => {
             let n = spec.get("nonResourceAttributes").unwrap_or(&Value::Null);

@@ -33,6 +33,17 @@ pub struct FieldSelector {
 impl FieldSelector {
     /// Parses a field selector for `resource`, refusing fields Kubernetes does not select on.
     pub fn parse(text: &str, resource: &str) -> Result<Self, ApiError> {
+        Self::parse_fields(text, Some(resource))
+    }
+
+    /// Parses a field selector without asking whether the resource selects on its fields,
+    /// as `fields.ParseSelector` does for the authorizers' attributes (an unsupported field
+    /// is the list's 400 to give, after authorization).
+    pub fn parse_any(text: &str) -> Result<Self, ApiError> {
+        Self::parse_fields(text, None)
+    }
+
+    fn parse_fields(text: &str, resource: Option<&str>) -> Result<Self, ApiError> {
         let mut requirements = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             if requirements.len() >= SELECTOR_REQUIREMENTS_MAX {
@@ -52,7 +63,7 @@ impl FieldSelector {
                 )));
             };
             let field = field.trim();
-            if !field_supported(resource, field) {
+            if resource.is_some_and(|resource| !field_supported(resource, field)) {
                 return Err(ApiError::bad_request(format!(
                     "field label not supported: {field}"
                 )));
@@ -75,9 +86,14 @@ impl FieldSelector {
 
     /// The name a `metadata.name=X` requirement pins, if any (a get-like list).
     pub fn exact_name(&self) -> Option<&str> {
+        self.exact("metadata.name")
+    }
+
+    /// The value an `=`/`==` requirement on `field` pins, if any (`RequiresExactMatch`).
+    pub fn exact(&self, field: &str) -> Option<&str> {
         self.requirements
             .iter()
-            .find(|(f, _, eq)| f == "metadata.name" && *eq)
+            .find(|(f, _, eq)| f == field && *eq)
             .map(|(_, v, _)| v.as_str())
     }
 }

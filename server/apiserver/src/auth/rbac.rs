@@ -67,6 +67,9 @@ pub struct Attributes {
     pub name: String,
     /// For a non-resource request (`/healthz`, `/api`), its path; `None` for a resource request.
     pub non_resource_path: Option<String>,
+    /// A list's, watch's or deletecollection's field selector (`GetFieldSelector`); `None`
+    /// without one or when it does not parse (upstream's parsing error: no requirements).
+    pub field_selector: Option<skerry_api::selector::FieldSelector>,
 }
 
 impl Attributes {
@@ -88,12 +91,21 @@ impl Attributes {
             subresource: String::new(),
             name: name.to_string(),
             non_resource_path: None,
+            field_selector: None,
         }
     }
 
     /// The same request for a subresource.
     pub fn with_subresource(mut self, subresource: &str) -> Self {
         self.subresource = subresource.to_string();
+        self
+    }
+
+    /// With the raw field selector `text`, as `GetAuthorizerAttributes` parses it: one that
+    /// does not parse leaves no requirements.
+    pub fn with_field_selector(mut self, text: Option<&str>) -> Self {
+        self.field_selector =
+            text.and_then(|t| skerry_api::selector::FieldSelector::parse_any(t).ok());
         self
     }
 
