@@ -102,7 +102,7 @@ async fn memcg_threshold_wakes_the_loop_only_when_usage_crosses() {
         "/dev/shm/skerry-test-memnotify-{}",
         std::process::id()
     ));
-    let mut scratch = Scratch {
+    let scratch = Scratch {
         dirs: vec![dir.clone()],
         files: vec![shm.clone()],
         children: vec![],
