@@ -77,10 +77,15 @@ pub fn cni_bin_dir() -> PathBuf {
 /// `cni_bin_dir` with its config under the data dir, registry hosts under the data dir, and the
 /// streaming server (exec, attach, port-forward) on loopback only: the kubelet proxies it.
 ///
-/// `restrict_oom_score_adj` clamps the OOM score adjustments the CRI plugin asks runc for to
-/// containerd's own: needed where skerry runs without `CAP_SYS_RESOURCE` (a container, some
-/// VMs), where the sandbox's -998 (the kubelet's `qos.PodInfraOOMAdj`) makes runc fail with
-/// "failed to update /proc/self/oom_score_adj: Permission denied".
+/// `restrict_oom_score_adj` raises the OOM score adjustments the CRI plugin asks runc for
+/// that are below containerd's own to containerd's own (its `restrictOOMScoreAdj`; values at
+/// or above it pass unchanged): needed where skerry runs without `CAP_SYS_RESOURCE` (a
+/// container, some VMs, also as root), where the kernel refuses to lower a score below its
+/// `oom_score_adj_min` and the sandbox's -998 (the kubelet's `qos.PodInfraOOMAdj`) makes runc
+/// fail with "failed to update /proc/self/oom_score_adj: Permission denied". It hides no
+/// score the kernel would have applied: Burstable and BestEffort scores (3 to 1000) are
+/// positive and pass; Guaranteed's -997 is clamped only where it could not be set anyway.
+/// With the capability (root on a host) it is off and every score is the kubelet's.
 pub fn config_toml(
     layout: &Layout,
     sandbox_image: &str,

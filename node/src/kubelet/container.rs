@@ -60,26 +60,84 @@ pub fn milli_cpu_to_quota(milli_cpu: i64) -> i64 {
     crate::cgroups::milli_cpu_to_quota(milli_cpu, QUOTA_PERIOD as u64)
 }
 
-/// `GetContainerOOMScoreAdjust`: -997 for Guaranteed, 1000 for BestEffort, else between 3
-/// and 999 by how much of the node's memory the container requests.
-pub fn oom_score_adj(qos: &str, c: &Container, memory_capacity: i64) -> i64 {
+/// The priority from which a pod is critical (`scheduling.SystemCriticalPriority`, 2·10⁹).
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+/// The priority class of pods the node cannot run without (`scheduling.SystemNodeCritical`).
+pub const SYSTEM_NODE_CRITICAL: &str = "system-node-critical";
+
+/// `types.IsNodeCriticalPod`: a critical pod (static, mirror, or of a priority at least
+/// [`SYSTEM_CRITICAL_PRIORITY`]) in the `system-node-critical` class.
+pub fn is_node_critical(pod: &Pod) -> bool {
+    let annotations = pod.metadata.annotations.as_ref();
+    let annotation = |k: &str| annotations.and_then(|a| a.get(k));
+    let is_static = annotation(super::static_pods::SOURCE_ANNOTATION)
+        .is_some_and(|s| s != super::static_pods::SOURCE_API);
+    let is_mirror = annotation(super::static_pods::MIRROR_ANNOTATION).is_some();
+    let spec = pod.spec.as_ref();
+    let critical = is_static
+        || is_mirror
+        || spec
+            .and_then(|s| s.priority)
+            .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY);
+    critical && spec.and_then(|s| s.priority_class_name.as_deref()) == Some(SYSTEM_NODE_CRITICAL)
+}
+
+/// `isSidecarContainer`: `restartPolicy: Always` on a container the pod lists among its init
+/// containers.
+pub fn is_sidecar(pod: &Pod, c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
+        && pod
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.init_containers.iter().flatten().any(|i| i.name == c.name))
+}
+
+/// The memory request in bytes, rounded up (`Requests.Memory().Value()`); 0 when unset.
+fn memory_request(c: &Container) -> i64 {
+    quantity(c, "requests", "memory").map_or(0, units)
+}
+
+/// `GetContainerOOMScoreAdjust` (`pkg/kubelet/qos/policy.go`, 1.32 with its default gates:
+/// `SidecarContainers` on, `PodLevelResources` off): -997 for a node-critical pod and for
+/// Guaranteed, 1000 for BestEffort; Burstable gets `1000 - 1000 * request / capacity`, so the
+/// share of the node a container asked for protects it and a container using more than it
+/// asked is the likelier kill. A sidecar's score is lowered to the score of the regular
+/// container with the smallest request (the highest regular score) when its own is higher,
+/// so the OOM killer never takes the sidecar before the containers it serves. The result is
+/// clamped to 3..=999: above Guaranteed, below BestEffort.
+pub fn oom_score_adj(pod: &Pod, qos: &str, c: &Container, memory_capacity: i64) -> i64 {
+    if is_node_critical(pod) {
+        return GUARANTEED_OOM_SCORE_ADJ;
+    }
     match qos {
-        "Guaranteed" => GUARANTEED_OOM_SCORE_ADJ,
-        "BestEffort" => BESTEFFORT_OOM_SCORE_ADJ,
-        _ => {
-            let request = quantity(c, "requests", "memory").map_or(0, units);
-            if memory_capacity <= 0 {
-                return BESTEFFORT_OOM_SCORE_ADJ - 1;
-            }
-            let adj = 1000 - (1000 * request as i128 / memory_capacity as i128) as i64;
-            if adj < 1000 + GUARANTEED_OOM_SCORE_ADJ {
-                1000 + GUARANTEED_OOM_SCORE_ADJ
-            } else if adj == BESTEFFORT_OOM_SCORE_ADJ {
-                adj - 1
-            } else {
-                adj
-            }
+        "Guaranteed" => return GUARANTEED_OOM_SCORE_ADJ,
+        "BestEffort" => return BESTEFFORT_OOM_SCORE_ADJ,
+        _ => {}
+    }
+    if memory_capacity <= 0 {
+        // Upstream divides by the capacity; a node that reports none gets the lowest
+        // Burstable protection rather than a division by zero.
+        return BESTEFFORT_OOM_SCORE_ADJ - 1;
+    }
+    let score =
+        |request: i64| 1000 - (1000 * i128::from(request) / i128::from(memory_capacity)) as i64;
+    let mut adj = score(memory_request(c));
+    if is_sidecar(pod, c) {
+        // `minRegularContainerMemory`: the smallest request among `spec.containers`.
+        let min_regular = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.iter().map(memory_request).min());
+        if let Some(min_regular) = min_regular {
+            adj = adj.min(score(min_regular));
         }
+    }
+    if adj < 1000 + GUARANTEED_OOM_SCORE_ADJ {
+        1000 + GUARANTEED_OOM_SCORE_ADJ
+    } else if adj == BESTEFFORT_OOM_SCORE_ADJ {
+        adj - 1
+    } else {
+        adj
     }
 }
 
@@ -106,6 +164,7 @@ pub const MEMORY_SWAP_MAX: &str = "memory.swap.max";
 /// v2 `memory.swap.max` 0, when the kernel accounts swap), and on v2 the whole container
 /// killed on an OOM.
 pub fn linux_resources(
+    pod: &Pod,
     qos: &str,
     c: &Container,
     memory_capacity: i64,
@@ -124,7 +183,7 @@ pub fn linux_resources(
         cpu_quota: quota,
         cpu_period: QUOTA_PERIOD,
         memory_limit_in_bytes: memory_limit,
-        oom_score_adj: oom_score_adj(qos, c, memory_capacity),
+        oom_score_adj: oom_score_adj(pod, qos, c, memory_capacity),
         ..Default::default()
     };
     r.hugepage_limits = hugepage_limits(c, crate::cgroups::hugepage_sizes());
@@ -340,6 +399,7 @@ pub fn container_config(input: &ContainerInput<'_>) -> api::ContainerConfig {
         tty: c.tty.unwrap_or(false),
         linux: Some(api::LinuxContainerConfig {
             resources: Some(linux_resources(
+                input.pod,
                 input.qos,
                 c,
                 input.memory_capacity,
@@ -371,7 +431,13 @@ mod tests {
         let c = container(serde_json::json!({"name": "a",
             "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
                           "limits": {"cpu": "1500m", "memory": "128Mi"}}}));
-        let r = linux_resources("Burstable", &c, 1 << 30, CgroupHost::default());
+        let r = linux_resources(
+            &Pod::default(),
+            "Burstable",
+            &c,
+            1 << 30,
+            CgroupHost::default(),
+        );
         assert_eq!(r.cpu_shares, 102);
         assert_eq!(r.cpu_quota, 150_000);
         assert_eq!(r.cpu_period, 100_000);
@@ -381,11 +447,24 @@ mod tests {
         let only_limit =
             container(serde_json::json!({"name": "a", "resources": {"limits": {"cpu": "1"}}}));
         assert_eq!(
-            linux_resources("Burstable", &only_limit, 1 << 30, CgroupHost::default()).cpu_shares,
+            linux_resources(
+                &Pod::default(),
+                "Burstable",
+                &only_limit,
+                1 << 30,
+                CgroupHost::default()
+            )
+            .cpu_shares,
             1024
         );
         let none = container(serde_json::json!({"name": "a"}));
-        let r = linux_resources("BestEffort", &none, 1 << 30, CgroupHost::default());
+        let r = linux_resources(
+            &Pod::default(),
+            "BestEffort",
+            &none,
+            1 << 30,
+            CgroupHost::default(),
+        );
         assert_eq!(
             (
                 r.cpu_shares,
@@ -405,7 +484,7 @@ mod tests {
             v2: false,
             swap_controller: true,
         };
-        let r = linux_resources("Burstable", &c, 1 << 30, v1);
+        let r = linux_resources(&Pod::default(), "Burstable", &c, 1 << 30, v1);
         assert_eq!(
             (r.cpu_quota, r.cpu_period),
             (0, 100_000),
@@ -417,7 +496,7 @@ mod tests {
             v2: true,
             swap_controller: true,
         };
-        let r = linux_resources("Burstable", &c, 1 << 30, v2);
+        let r = linux_resources(&Pod::default(), "Burstable", &c, 1 << 30, v2);
         assert_eq!(r.memory_swap_limit_in_bytes, 0);
         assert_eq!(
             r.unified.get(MEMORY_SWAP_MAX).map(String::as_str),
@@ -427,7 +506,13 @@ mod tests {
             r.unified.get(MEMORY_OOM_GROUP).map(String::as_str),
             Some("1")
         );
-        let r = linux_resources("Burstable", &c, 1 << 30, CgroupHost::default());
+        let r = linux_resources(
+            &Pod::default(),
+            "Burstable",
+            &c,
+            1 << 30,
+            CgroupHost::default(),
+        );
         assert_eq!(
             r.memory_swap_limit_in_bytes, 0,
             "no swap accounting: nothing"
@@ -436,7 +521,7 @@ mod tests {
         let huge = container(serde_json::json!({"name": "a",
             "resources": {"requests": {"cpu": "300"}}}));
         assert_eq!(
-            linux_resources("Burstable", &huge, 1 << 30, v1).cpu_shares,
+            linux_resources(&Pod::default(), "Burstable", &huge, 1 << 30, v1).cpu_shares,
             262_144
         );
     }
@@ -446,11 +531,93 @@ mod tests {
         let big = container(
             serde_json::json!({"name": "a", "resources": {"requests": {"memory": "1Gi"}}}),
         );
-        assert_eq!(oom_score_adj("Burstable", &big, 1 << 30), 3);
+        assert_eq!(
+            oom_score_adj(&Pod::default(), "Burstable", &big, 1 << 30),
+            3
+        );
         let tiny =
             container(serde_json::json!({"name": "a", "resources": {"requests": {"memory": "1"}}}));
-        assert_eq!(oom_score_adj("Burstable", &tiny, 1 << 30), 999);
-        assert_eq!(oom_score_adj("Guaranteed", &tiny, 1 << 30), -997);
+        assert_eq!(
+            oom_score_adj(&Pod::default(), "Burstable", &tiny, 1 << 30),
+            999
+        );
+        assert_eq!(
+            oom_score_adj(&Pod::default(), "Guaranteed", &tiny, 1 << 30),
+            -997
+        );
+    }
+
+    #[test]
+    fn sidecars_score_no_higher_than_the_regular_container_with_the_smallest_request() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "spec": {
+                "initContainers": [
+                    {"name": "side", "restartPolicy": "Always"},
+                    {"name": "big-side", "restartPolicy": "Always",
+                     "resources": {"requests": {"memory": "512Mi"}}},
+                    {"name": "init"}],
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"memory": "128Mi"}}},
+                    {"name": "b", "resources": {"requests": {"memory": "256Mi"}}}]}}))
+        .expect("pod");
+        let spec = pod.spec.as_ref().expect("spec");
+        let init = spec.init_containers.as_ref().expect("init");
+        let gib = 1 << 30;
+        // Regular: 1000 - 1000 * 128Mi / 1Gi = 875, and 750 for 256Mi.
+        assert_eq!(
+            oom_score_adj(&pod, "Burstable", &spec.containers[0], gib),
+            875
+        );
+        assert_eq!(
+            oom_score_adj(&pod, "Burstable", &spec.containers[1], gib),
+            750
+        );
+        // A sidecar without a request would get 999; it gets 875, the smallest request's.
+        assert!(is_sidecar(&pod, &init[0]));
+        assert_eq!(oom_score_adj(&pod, "Burstable", &init[0], gib), 875);
+        // A sidecar whose own score is lower keeps it (500 < 875).
+        assert_eq!(oom_score_adj(&pod, "Burstable", &init[1], gib), 500);
+        // A plain init container is not a sidecar: its own score.
+        assert!(!is_sidecar(&pod, &init[2]));
+        assert_eq!(oom_score_adj(&pod, "Burstable", &init[2], gib), 999);
+        // A regular container with `restartPolicy` is no sidecar (only init containers are).
+        let mut odd = spec.containers[0].clone();
+        odd.restart_policy = Some("Always".into());
+        assert!(!is_sidecar(&pod, &odd));
+    }
+
+    #[test]
+    fn node_critical_pods_score_as_guaranteed() {
+        let pod = |priority: i32, class: &str, annotations: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"annotations": annotations},
+                "spec": {"priority": priority, "priorityClassName": class,
+                    "containers": [{"name": "a"}]}}))
+            .expect("pod")
+        };
+        let c = container(serde_json::json!({"name": "a"}));
+        let critical = pod(2_000_001_000, "system-node-critical", serde_json::json!({}));
+        assert_eq!(oom_score_adj(&critical, "BestEffort", &c, 1 << 30), -997);
+        let static_pod = pod(
+            0,
+            "system-node-critical",
+            serde_json::json!({"kubernetes.io/config.source": "file"}),
+        );
+        assert_eq!(oom_score_adj(&static_pod, "BestEffort", &c, 1 << 30), -997);
+        // Critical by priority but cluster-critical: its QoS decides.
+        let cluster = pod(
+            2_000_000_000,
+            "system-cluster-critical",
+            serde_json::json!({}),
+        );
+        assert_eq!(oom_score_adj(&cluster, "BestEffort", &c, 1 << 30), 1000);
+        // The class name alone, from an API pod of low priority: not critical.
+        let named = pod(
+            0,
+            "system-node-critical",
+            serde_json::json!({"kubernetes.io/config.source": "api"}),
+        );
+        assert_eq!(oom_score_adj(&named, "BestEffort", &c, 1 << 30), 1000);
     }
 
     #[test]
