@@ -10,6 +10,7 @@ pub mod cni;
 pub mod containerd;
 pub mod cri;
 pub mod env;
+pub mod eviction;
 pub mod images;
 pub mod kubelet;
 pub mod machine;
