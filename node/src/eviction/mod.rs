@@ -361,7 +361,7 @@ impl EvictionManager {
             .iter()
             .filter(|c| c.state == api::ContainerState::ContainerExited as i32)
             .collect();
-        exited.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        exited.sort_by_key(|c| std::cmp::Reverse(c.created_at));
         let mut kept: HashSet<(String, String)> = HashSet::new();
         for c in exited {
             let uid = c

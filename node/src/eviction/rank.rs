@@ -330,13 +330,16 @@ mod tests {
 
     const MI: u64 = 1 << 20;
 
+    /// A pod of a ranking case: name, priority, memory request, working set.
+    type MemCase = (&'static str, i32, &'static str, u64);
+
     /// `TestOrderedByExceedsRequestMemory`, `TestOrderedByPriority`,
     /// `TestOrderedbyMemory` and `TestSortByEvictionPriority`'s shape: each key alone, then
     /// the three together.
     #[test]
     fn memory_ranks_by_exceeding_then_priority_then_usage_over_request() {
         // name, priority, request, working set, expected position.
-        let table: &[(&[(&str, i32, &str, u64)], &[&str])] = &[
+        let table: &[(&[MemCase], &[&str])] = &[
             // Exceeding its request beats being large.
             (
                 &[

@@ -107,8 +107,8 @@ fn parse_grace_periods(text: &str) -> Result<BTreeMap<String, Duration>, FlagErr
         if !signals::ALL.contains(&signal.as_str()) {
             return Err(FlagError(format!("unsupported eviction signal {signal}")));
         }
-        if value.starts_with('-') {
-            parse_go_duration(&value[1..])?;
+        if let Some(magnitude) = value.strip_prefix('-') {
+            parse_go_duration(magnitude)?;
             return Err(FlagError(format!(
                 "invalid eviction grace period specified: {value}, must be a positive value"
             )));
