@@ -30,6 +30,9 @@ use skerry_node::cni::{self, CniConfig};
 use skerry_node::containerd::config::cni_bin_dir;
 use skerry_node::containerd::{Containerd, ContainerdConfig};
 use skerry_node::cri::Cri;
+use skerry_node::eviction::EvictionManager;
+use skerry_node::eviction::notifier::{self, MemoryThresholdNotifier};
+use skerry_node::eviction::thresholds::{self, EvictionConfig};
 use skerry_node::images::{self, build};
 use skerry_node::kubelet::log_rotation::LogPolicy;
 use skerry_node::kubelet::{Kubelet, KubeletConfig};
@@ -100,6 +103,23 @@ pub struct NodeArgs {
     /// The hard eviction thresholds, subtracted from allocatable (the kubelet's default).
     #[arg(long, default_value = machine::EVICTION_HARD_DEFAULT)]
     pub eviction_hard: String,
+    /// Soft eviction thresholds, `memory.available<1.5Gi,...`: acted on once met for their
+    /// grace period.
+    #[arg(long, default_value = "")]
+    pub eviction_soft: String,
+    /// The grace period of each soft eviction threshold, `memory.available=1m30s,...`.
+    #[arg(long, default_value = "")]
+    pub eviction_soft_grace_period: String,
+    /// What must be free beyond a threshold before its pressure ends,
+    /// `memory.available=0Mi,nodefs.available=500Mi,imagefs.available=2Gi`.
+    #[arg(long, default_value = "")]
+    pub eviction_minimum_reclaim: String,
+    /// How long a pressure condition stays after its threshold was last met.
+    #[arg(long, default_value = "5m", value_parser = parse_transition_period)]
+    pub eviction_pressure_transition_period: Duration,
+    /// The most seconds a pod evicted for a soft threshold gets to stop.
+    #[arg(long, default_value_t = 0)]
+    pub eviction_max_pod_grace_period: i64,
     /// Requests a second the kubelet sends to the apiserver (the kubelet's `kubeAPIQPS`; 0:
     /// no limit).
     #[arg(long, default_value_t = KUBE_API_QPS, value_parser = parse_qps)]
@@ -186,6 +206,11 @@ fn parse_idle_timeout(text: &str) -> Result<Duration, String> {
     crate::parse_duration(text)
 }
 
+/// `--eviction-pressure-transition-period`: a Go duration, not negative.
+fn parse_transition_period(text: &str) -> Result<Duration, String> {
+    skerry_node::eviction::thresholds::parse_go_duration(text).map_err(|e| e.0)
+}
+
 fn parse_node_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
     flags::parse_node_labels(text).map_err(|e| e.0)
 }
@@ -206,10 +231,35 @@ impl NodeArgs {
         .map_err(|e| e.0)
     }
 
+    /// The eviction manager's thresholds and timings (`ParseThresholdConfig`), an error
+    /// naming the flags.
+    pub fn eviction_config(&self) -> Result<EvictionConfig, String> {
+        let enforce = self
+            .enforce_node_allocatable
+            .iter()
+            .any(|e| e == ENFORCE_PODS);
+        let thresholds = thresholds::parse_threshold_config(
+            enforce,
+            &self.eviction_hard,
+            &self.eviction_soft,
+            &self.eviction_soft_grace_period,
+            &self.eviction_minimum_reclaim,
+        )
+        .map_err(|e| format!("--eviction-hard/--eviction-soft: {}", e.0))?;
+        Ok(EvictionConfig {
+            thresholds,
+            pressure_transition_period: self.eviction_pressure_transition_period,
+            max_pod_grace_period: Duration::from_secs(
+                u64::try_from(self.eviction_max_pod_grace_period).unwrap_or(0),
+            ),
+        })
+    }
+
     /// The flags that need more than clap's parsing, checked before anything starts, as the
     /// kubelet refuses a bad configuration at start-up: the reservations and the log policy.
     pub fn validate(&self) -> Result<(), String> {
         self.reservations()?;
+        self.eviction_config()?;
         LogPolicy::new(&self.container_log_max_size, self.container_log_max_files)
             .map_err(|e| e.to_string())?;
         Ok(())
@@ -393,6 +443,19 @@ pub async fn start(
             return None;
         }
     };
+    let eviction_config = match args.eviction_config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("skerry: no node agent: {e}");
+            if let Some(c) = containerd {
+                c.stop().await;
+            }
+            return None;
+        }
+    };
+    // The eviction manager's node conditions: written by it, read by the node status loop
+    // and the kubelet's admission.
+    let (pressure_tx, pressure_rx) = watch::channel(machine::Pressure::default());
     let readiness = Readiness::new();
     let mut cni_config = CniConfig::under(&root_dir);
     cni_config.plugin_dir = cni_bin_dir();
@@ -405,9 +468,17 @@ pub async fn start(
     };
     let status =
         match NodeStatusManager::new(client.clone(), status_config, runtime, readiness.clone()) {
-            Ok(m) => Arc::new(
-                m.with_pod_cidr_handler(cni::pod_cidr_handler(cni_config, readiness.clone())),
-            ),
+            Ok(m) => {
+                let m =
+                    m.with_pod_cidr_handler(cni::pod_cidr_handler(cni_config, readiness.clone()));
+                // Without a runtime no eviction manager runs: the thresholds are read by the
+                // status loop itself.
+                Arc::new(if cri.is_some() {
+                    m.with_pressure(pressure_rx.clone())
+                } else {
+                    m
+                })
+            }
             Err(e) => {
                 eprintln!("skerry: no node agent: reading the machine: {e}");
                 if let Some(c) = containerd {
@@ -490,6 +561,7 @@ pub async fn start(
         pod_manifest_path: pod_manifest_path(args.pod_manifest_path.as_deref(), data_dir),
         file_check_frequency: args.file_check_frequency,
         streaming_connection_idle_timeout: args.streaming_connection_idle_timeout,
+        node_pressure: pressure_rx,
     };
     let token = stop.clone();
     tokio::spawn(async move {
@@ -511,6 +583,7 @@ pub async fn start(
         tokio::spawn(server.serve(listener, tls, stop.clone()));
     }
     let task_stop = stop.clone();
+    let pause_image = args.pod_infra_container_image.clone();
     let task = tokio::spawn(async move {
         // No binding to wait for: the apiserver's Node authorizer grants the node what it
         // needs (its pods' secrets, configmaps and tokens, its Node and Lease), and
@@ -518,6 +591,38 @@ pub async fn start(
         match kubelet {
             Some(kubelet) => {
                 tokio::spawn(status.run(task_stop.clone()));
+                // The memory threshold notifier wakes the manager when the kernel reports a
+                // crossing (a memcg threshold on an eventfd, a PSI trigger on v2); between
+                // crossings the manager sleeps its monitoring interval.
+                let wake = Arc::new(tokio::sync::Notify::new());
+                let cgroups = kubelet.config().cgroups.clone();
+                let notifier = MemoryThresholdNotifier::new(
+                    cgroups.cgroups().clone(),
+                    u64::try_from(kubelet.config().memory_capacity).unwrap_or(0),
+                    skerry_node::eviction::memory_watches(&eviction_config, cgroups.root()),
+                    notifier::HOUSEKEEPING_INTERVAL,
+                );
+                let crossed = wake.clone();
+                let notifier_stop = task_stop.clone();
+                tokio::spawn(async move {
+                    let run = notifier.run(move |w| {
+                        if let notifier::Wake::Crossed { message, .. } = w {
+                            info!("{message}");
+                            crossed.notify_one();
+                        }
+                    });
+                    tokio::select! {
+                        () = run => {}
+                        () = notifier_stop.cancelled() => {}
+                    }
+                });
+                let eviction = Arc::new(EvictionManager::new(
+                    eviction_config,
+                    kubelet.clone(),
+                    pressure_tx,
+                    vec![pause_image],
+                ));
+                tokio::spawn(eviction.run(wake, task_stop.clone()));
                 info!(node = %node_name, ip = %node_ip, "node agent running");
                 kubelet.run().await;
             }

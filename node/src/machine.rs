@@ -44,7 +44,7 @@ pub mod resources {
 }
 
 /// Nano-units per unit: [`Quantity`]'s scale.
-const NANO: i128 = 1_000_000_000;
+pub const NANO: i128 = 1_000_000_000;
 
 /// Where the host's facts are read from.
 #[derive(Debug, Clone)]

@@ -78,6 +78,7 @@ pub struct Metrics {
     runtime_operations_errors: Family<Labels, Counter>,
     runtime_operations_duration: HistogramFamily,
     pleg_relist_duration: Histogram,
+    evictions: Family<Labels, Counter>,
     /// When each pod was first seen, and whether its start was recorded yet.
     first_seen: Mutex<HashMap<String, (Instant, bool)>>,
 }
@@ -108,6 +109,7 @@ impl Metrics {
         let runtime_operations_errors = Family::<Labels, Counter>::default();
         let runtime_operations_duration = HistogramFamily::new_with_constructor(runtime_histogram);
         let pleg_relist_duration = def_histogram();
+        let evictions = Family::<Labels, Counter>::default();
         r.register(
             "kubelet_node_name",
             alpha("The node's name. The count is always 1."),
@@ -168,8 +170,14 @@ impl Metrics {
             alpha("Duration in seconds for relisting pods in PLEG."),
             pleg_relist_duration.clone(),
         );
+        r.register(
+            "kubelet_evictions",
+            alpha("Cumulative number of pod evictions by eviction signal"),
+            evictions.clone(),
+        );
         Metrics {
             registry: r,
+            evictions,
             node_name,
             running_pods,
             running_containers,
@@ -184,6 +192,14 @@ impl Metrics {
             pleg_relist_duration,
             first_seen: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// One pod evicted for `signal` (`kubelet_evictions{eviction_signal}`, upstream's
+    /// `metrics.Evictions`).
+    pub fn evicted(&self, signal: &str) {
+        self.evictions
+            .get_or_create(&vec![("eviction_signal".to_string(), signal.to_string())])
+            .inc();
     }
 
     /// `kubelet_node_name{node}` = 1.

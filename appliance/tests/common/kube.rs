@@ -87,7 +87,11 @@ impl Kube {
             // The node's disk is the build machine's, often past the kubelet's default
             // `nodefs.available<10%` (target dirs): DiskPressure would taint the node and no
             // pod would schedule. The tests keep memory's default and a 1 % disk floor.
-            .args(agent.then_some(EVICTION_HARD_FOR_TESTS))
+            // A test that sets its own `--eviction-hard` keeps it.
+            .args(
+                (agent && !extra.iter().any(|a| a.starts_with("--eviction-hard")))
+                    .then_some(EVICTION_HARD_FOR_TESTS),
+            )
             .args(extra)
             .envs(env.iter().copied())
             .stdin(Stdio::null())

@@ -240,6 +240,19 @@ impl Kubelet {
                 .get(&self.config.node_name)
                 .await
                 .context("read the node for admission")?;
+            // The eviction manager's `Admit` comes first, as upstream adds its handler first.
+            let pressure = *self.config.node_pressure.borrow();
+            if let Err(r) = crate::eviction::admit(pod, &pressure) {
+                warn!(pod = %pod_name(pod), reason = %r.reason, message = %r.message, "pod rejected");
+                self.events
+                    .event(&object_reference(pod), EVENT_WARNING, &r.reason, &r.message);
+                let mut status = pod.status.clone().unwrap_or_default();
+                status.phase = Some(super::status::PHASE_FAILED.to_string());
+                status.reason = Some(r.reason);
+                status.message = Some(format!("{REJECTED_PREFIX}{}", r.message));
+                self.set_status(pod, &status).await?;
+                return Ok(false);
+            }
             let verdict = {
                 let mut admitted = self.admitted_lock();
                 let others: Vec<&Pod> = admitted.values().map(|p| p.as_ref()).collect();

@@ -70,6 +70,10 @@ pub const SYNC_ERROR_RETRY: Duration = Duration::from_secs(2);
 /// `housekeepingPeriod = 2s`): sandboxes left by a pod deleted while the kubelet was down.
 pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
 
+/// The least time an eviction waits for its pod to stop (`killPodNow`'s `minTimeout`, 10 s):
+/// a pod given 1 s still needs its preStop, its `StopContainer` and its status write.
+pub const EVICTION_KILL_TIMEOUT_MIN: Duration = Duration::from_secs(10);
+
 /// The name the kubelet records events under (`source.component`).
 pub const COMPONENT: &str = "kubelet";
 
@@ -118,6 +122,9 @@ pub struct KubeletConfig {
     /// `--streaming-connection-idle-timeout`: an exec, attach or port-forward session with no
     /// traffic for this long is closed (zero: never; [`crate::streaming::idle`]).
     pub streaming_connection_idle_timeout: Duration,
+    /// The node conditions the eviction manager reports ([`crate::eviction`]): its
+    /// admission refuses pods under pressure.
+    pub node_pressure: tokio::sync::watch::Receiver<crate::machine::Pressure>,
 }
 
 /// The kubelet's default `--sync-frequency` (`KubeletConfiguration` `syncFrequency`, 1 minute):
@@ -148,6 +155,20 @@ pub struct Kubelet {
     pods: std::sync::OnceLock<skerry_client::cache::Indexer<Pod>>,
     /// The pods of `--pod-manifest-path`.
     static_pods: static_pods::StaticPods,
+    /// Evictions asked of pod workers by the eviction manager, by pod UID.
+    evictions: Mutex<HashMap<String, Eviction>>,
+}
+
+/// An eviction handed to a pod's worker (upstream's `killPodNow` with a `PodStatusFunc`):
+/// the pod is stopped with `grace`, then written `Failed` with reason `Evicted`, `message`
+/// and the `DisruptionTarget` condition; `done` is told when that is over.
+pub struct Eviction {
+    /// The grace period override.
+    pub grace: Duration,
+    /// The status message (and the condition's).
+    pub message: String,
+    /// Told once the pod is stopped and its status written.
+    pub done: tokio::sync::oneshot::Sender<()>,
 }
 
 /// The pods bound to one node: a LIST and WATCH with `fieldSelector=spec.nodeName=<node>`
@@ -332,7 +353,70 @@ impl Kubelet {
             stop,
             pods: std::sync::OnceLock::new(),
             static_pods: static_pods::StaticPods::default(),
+            evictions: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The pods admitted and not stopped: what the eviction manager may evict
+    /// (`GetActivePods`).
+    pub fn active_pods(&self) -> Vec<Arc<Pod>> {
+        self.admitted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The latest version of an admitted pod: the API's (or the static pod's), else what
+    /// was admitted.
+    pub fn current_pod(&self, pod: &Arc<Pod>) -> Arc<Pod> {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        self.pods()
+            .into_iter()
+            .find(|p| p.metadata.uid.as_deref() == Some(uid))
+            .unwrap_or_else(|| pod.clone())
+    }
+
+    /// Has the pod's worker stop `pod` with `grace` and write it `Failed` / `Evicted` with
+    /// `message` (upstream's `killPodNow`); returns once that is done or after upstream's
+    /// timeout (one and a half times the grace period, at least 10 s): whether it was done.
+    pub async fn evict_pod(&self, pod: &Pod, grace: Duration, message: String) -> bool {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let (done, finished) = tokio::sync::oneshot::channel();
+        self.evictions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                uid.clone(),
+                Eviction {
+                    grace,
+                    message,
+                    done,
+                },
+            );
+        self.workers.wake(&uid);
+        let timeout = (grace + grace / 2).max(EVICTION_KILL_TIMEOUT_MIN);
+        matches!(tokio::time::timeout(timeout, finished).await, Ok(Ok(())))
+    }
+
+    /// The eviction asked for the pod `uid`, if any (taken by its worker).
+    pub fn take_eviction(&self, uid: &str) -> Option<Eviction> {
+        self.evictions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid)
+    }
+
+    /// Records an event on `object` under the kubelet's name.
+    pub fn event(
+        &self,
+        object: &k8s_openapi::api::core::v1::ObjectReference,
+        type_: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        self.events.event(object, type_, reason, message);
     }
 
     /// Its configuration.

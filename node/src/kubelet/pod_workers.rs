@@ -178,6 +178,14 @@ async fn work(
             kubelet.sync_mirror(pod).await;
         }
         let mut next = RESYNC;
+        let mut eviction = match (&update, state) {
+            (PodUpdate::Pod(_), WorkerState::Syncing) => kubelet.take_eviction(uid),
+            _ => kubelet.take_eviction(uid).and_then(|e| {
+                // Nothing runs any more: the eviction is moot.
+                let _ = e.done.send(());
+                None
+            }),
+        };
         match (&update, state) {
             (PodUpdate::Removed(pod), _) => {
                 // Gone from the API (deleted by us after termination, or forced): stop what
@@ -200,6 +208,21 @@ async fn work(
                 state = WorkerState::Terminated;
                 recorded = Some("kill");
                 delete_sent = kubelet.delete_from_api(pod).await;
+            }
+            (PodUpdate::Pod(pod), WorkerState::Syncing) if eviction.is_some() => {
+                // Evicted (`killPodNow`): stopped with the eviction's grace period, then
+                // Failed / Evicted with the DisruptionTarget condition; the pod stays in the
+                // API, terminal, as upstream leaves it.
+                if let Some(e) = eviction.take() {
+                    kubelet.kill_pod(pod, Some(e.grace)).await;
+                    kubelet
+                        .write_final_status_with(pod, |s| evicted_status(s, &e.message))
+                        .await;
+                    kubelet.release_volumes(pod).await;
+                    let _ = e.done.send(());
+                }
+                state = WorkerState::Terminated;
+                recorded = Some("kill");
             }
             (PodUpdate::Pod(pod), WorkerState::Syncing)
                 if !admitted && kubelet.static_pods().must_wait(pod) =>
@@ -267,6 +290,38 @@ async fn work(
         }
     }
 }
+
+/// The status of an evicted pod (the eviction manager's `PodStatusFunc`): `Failed`, reason
+/// `Evicted`, the message, and `DisruptionTarget=True` with reason `TerminationByKubelet`
+/// (`podutil.UpdatePodCondition`: its transition time kept when it was already so).
+pub fn evicted_status(status: &mut k8s_openapi::api::core::v1::PodStatus, message: &str) {
+    status.phase = Some(super::status::PHASE_FAILED.to_string());
+    status.reason = Some(crate::eviction::rank::REASON_EVICTED.to_string());
+    status.message = Some(message.to_string());
+    let conditions = status.conditions.get_or_insert_with(Vec::new);
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+    let condition = k8s_openapi::api::core::v1::PodCondition {
+        type_: DISRUPTION_TARGET.to_string(),
+        status: "True".to_string(),
+        reason: Some(TERMINATION_BY_KUBELET.to_string()),
+        message: Some(message.to_string()),
+        last_transition_time: Some(now),
+        ..Default::default()
+    };
+    match conditions.iter_mut().find(|c| c.type_ == DISRUPTION_TARGET) {
+        Some(c) if c.status == condition.status => {
+            c.reason = condition.reason;
+            c.message = condition.message;
+        }
+        Some(c) => *c = condition,
+        None => conditions.push(condition),
+    }
+}
+
+/// The pod condition of a pod being disrupted (`v1.DisruptionTarget`).
+pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+/// Its reason when the kubelet terminates the pod (`v1.PodReasonTerminationByKubelet`).
+pub const TERMINATION_BY_KUBELET: &str = "TerminationByKubelet";
 
 /// `namespace/name` for logs.
 pub fn pod_name(pod: &Pod) -> String {

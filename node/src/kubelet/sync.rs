@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod, PodStatus};
 use skerry_client::events::object_reference;
 use tracing::{debug, info, warn};
 
@@ -925,6 +925,13 @@ impl Kubelet {
 
     /// Writes the status of a stopped pod: every container terminated, the phase final.
     pub async fn write_final_status(&self, pod: &Pod) {
+        self.write_final_status_with(pod, |_| {}).await;
+    }
+
+    /// [`Kubelet::write_final_status`], the generated status changed by `adjust` before it
+    /// is written (the eviction manager's `PodStatusFunc`: phase, reason, message, the
+    /// `DisruptionTarget` condition).
+    pub async fn write_final_status_with(&self, pod: &Pod, adjust: impl FnOnce(&mut PodStatus)) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let Ok(rt) = runtime::pod_status(&self.cri, &uid).await else {
             return;
@@ -934,7 +941,8 @@ impl Kubelet {
         input.reasons.clear();
         let (exceeded, _) = self.deadline(pod);
         input.deadline_exceeded = exceeded;
-        let status = status::generate(pod, &rt, &input);
+        let mut status = status::generate(pod, &rt, &input);
+        adjust(&mut status);
         if let Err(e) = self.set_status(pod, &status).await {
             warn!(pod = %pod_name(pod), error = %e, "writing the final status failed");
         }

@@ -57,8 +57,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::machine::{
-    self, HostPaths, MAX_PODS_DEFAULT, MachineError, MachineInfo, Reservations, ResourceList,
-    resources,
+    self, HostPaths, MAX_PODS_DEFAULT, MachineError, MachineInfo, Pressure, Reservations,
+    ResourceList, resources,
 };
 pub use lease::{LeaseConfig, NODE_LEASE_NAMESPACE, NodeLease};
 pub use readiness::Readiness;
@@ -203,6 +203,9 @@ pub struct NodeStatusManager {
     registration_events: tokio::sync::Mutex<Vec<setters::NodeEvent>>,
     /// Woken when the Node's podCIDRs change (the own-node informer).
     node_changed: Notify,
+    /// The eviction manager's node conditions, when it runs (else the thresholds are
+    /// observed here directly).
+    pressure: Option<tokio::sync::watch::Receiver<Pressure>>,
 }
 
 impl NodeStatusManager {
@@ -237,12 +240,24 @@ impl NodeStatusManager {
             state: tokio::sync::Mutex::new(LoopState::default()),
             registration_events: tokio::sync::Mutex::new(Vec::new()),
             node_changed: Notify::new(),
+            pressure: None,
         })
     }
 
     /// Hands the Node's podCIDRs to `handler` (the CNI setup) when they appear or change.
     pub fn with_pod_cidr_handler(mut self, handler: PodCidrHandler) -> NodeStatusManager {
         self.pod_cidr_handler = Some(handler);
+        self
+    }
+
+    /// Takes MemoryPressure, DiskPressure and PIDPressure from the eviction manager
+    /// (`crate::eviction`), which holds them for the transition period; a change is written
+    /// at once.
+    pub fn with_pressure(
+        mut self,
+        pressure: tokio::sync::watch::Receiver<Pressure>,
+    ) -> NodeStatusManager {
+        self.pressure = Some(pressure);
         self
     }
 
@@ -298,6 +313,7 @@ impl NodeStatusManager {
         informer.run(stop.clone());
         if self.register(&stop).await {
             let mut readiness = self.readiness.subscribe();
+            let mut pressure = self.pressure.clone();
             loop {
                 if let Err(e) = self.sync_status().await {
                     tracing::error!(node = %self.config.node_name, error = %e, "unable to update node status");
@@ -311,6 +327,16 @@ impl NodeStatusManager {
                         }
                     }
                     () = self.node_changed.notified() => {}
+                    changed = async {
+                        match pressure.as_mut() {
+                            Some(p) => p.changed().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        if changed.is_err() {
+                            pressure = None;
+                        }
+                    }
                 }
             }
         }
@@ -390,11 +416,14 @@ impl NodeStatusManager {
             &self.config.hostname,
             &self.config.host.proc,
         );
-        let pressure = machine::observe_pressure(
-            &self.config.host,
-            &self.config.root_dir,
-            &self.config.reservations.eviction_hard,
-        );
+        let pressure = match &self.pressure {
+            Some(p) => *p.borrow(),
+            None => machine::observe_pressure(
+                &self.config.host,
+                &self.config.root_dir,
+                &self.config.reservations.eviction_hard,
+            ),
+        };
         let inputs = setters::Inputs {
             node_name: &self.config.node_name,
             now: Timestamp::now(),
