@@ -34,6 +34,7 @@ pub mod actions;
 pub mod admission;
 pub mod backoff;
 pub mod container;
+pub mod env_lookup;
 pub mod keyring;
 pub mod log_rotation;
 pub mod pleg;
@@ -149,6 +150,10 @@ pub struct Kubelet {
     probes: prober::ProbeManager,
     /// The pods admitted and not stopped ([`admission`]).
     admitted: Mutex<HashMap<String, Arc<Pod>>>,
+    /// Whether the API's list of this node's pods came once: until then the pods run from
+    /// the checkpoint and their containers' environment is built without the Services the
+    /// API cannot list ([`env_lookup::Offline`]).
+    api_synced: std::sync::atomic::AtomicBool,
     /// When each running pod's payload volumes were last set up or refreshed, by pod UID.
     volumes_refreshed: Mutex<HashMap<String, std::time::Instant>>,
     stop: CancellationToken,
@@ -253,14 +258,30 @@ fn differs_for_sync(old: &Pod, new: &Pod) -> bool {
 
 impl Source {
     /// Keeps the pod's checkpoint current (called when the pod set or a pod's sync inputs
-    /// change, not on status writes).
+    /// change, and when it reaches a terminal phase, not on other status writes). A pod in a
+    /// terminal phase never runs again: its checkpoint is removed, so a start without the API
+    /// does not run it from the spec it had when it came.
     fn checkpoint(&self, pod: &Pod) {
-        if let Some(c) = &self.kubelet.pod_checkpoints
-            && let Err(e) = c.store(pod)
-        {
+        let Some(c) = &self.kubelet.pod_checkpoints else {
+            return;
+        };
+        let result = if is_terminal(pod) {
+            c.remove(pod.metadata.uid.as_deref().unwrap_or_default())
+        } else {
+            c.store(pod)
+        };
+        if let Err(e) = result {
             warn!(pod = %pod_workers::pod_name(pod), error = %e, "writing the pod checkpoint failed");
         }
     }
+}
+
+/// Whether the pod's phase is `Succeeded` or `Failed`.
+fn is_terminal(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(status::is_terminal_phase)
 }
 
 impl EventHandler<Pod> for Source {
@@ -278,7 +299,7 @@ impl EventHandler<Pod> for Source {
             return;
         }
         let wake = differs_for_sync(old, pod);
-        if wake {
+        if wake || (is_terminal(pod) && !is_terminal(old)) {
             self.checkpoint(pod);
         }
         self.kubelet.workers.update_and_wake(
@@ -369,6 +390,7 @@ impl Kubelet {
             workers,
             probes,
             admitted: Mutex::new(HashMap::new()),
+            api_synced: std::sync::atomic::AtomicBool::new(false),
             volumes_refreshed: Mutex::new(HashMap::new()),
             stop,
             pods: std::sync::OnceLock::new(),
@@ -438,6 +460,13 @@ impl Kubelet {
                 stop.clone(),
             ))
         };
+        // Log rotation needs no API: it runs from the start, so the logs of pods running from
+        // the checkpoint stay bounded while the API is away.
+        tokio::spawn(log_rotation::run(
+            self.cri.clone(),
+            self.config.log_policy,
+            stop.clone(),
+        ));
         let mut pleg = None;
         let mut restored = Vec::new();
         let first = tokio::time::timeout(API_SOURCE_WAIT, informer.wait_for_sync(&stop)).await;
@@ -455,17 +484,20 @@ impl Kubelet {
             }
         }
         info!(node = %self.config.node_name, "kubelet: pod source synced");
+        self.api_synced
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         // The API's view replaces the checkpoint's: a pod it no longer has is stopped.
         let store = informer.store();
+        let listed: std::collections::HashSet<String> = store
+            .list()
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
         for pod in restored {
             let Some(uid) = pod.metadata.uid.clone() else {
                 continue;
             };
-            if store
-                .list()
-                .iter()
-                .any(|p| p.metadata.uid.as_deref() == Some(&uid))
-            {
+            if listed.contains(&uid) {
                 continue;
             }
             info!(pod = %pod_workers::pod_name(&pod), "a checkpointed pod is gone from the API: stopping it");
@@ -482,11 +514,6 @@ impl Kubelet {
             Some(p) => p,
             None => start_pleg(),
         };
-        tokio::spawn(log_rotation::run(
-            self.cri.clone(),
-            self.config.log_policy,
-            stop.clone(),
-        ));
         loop {
             tokio::select! {
                 () = tokio::time::sleep(HOUSEKEEPING_PERIOD) => {}
@@ -513,16 +540,20 @@ impl Kubelet {
             "the API did not list this node's pods in time: running the checkpointed pods"
         );
         let rt = tokio::runtime::Handle::current();
-        for pod in &pods {
-            if let Some(uid) = pod.metadata.uid.clone() {
-                self.admitted
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(uid, pod.clone());
-            }
-            self.workers.update(self, PodUpdate::Pod(pod.clone()), &rt);
-        }
-        pods
+        pods.into_iter()
+            .filter(|pod| {
+                // Only a pod no worker runs yet: the API's list may have come since the wait
+                // ended, and its pod, newer, stays the one the worker syncs.
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                let admit = || {
+                    self.admitted
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(uid, pod.clone());
+                };
+                self.workers.start_if_absent(self, pod.clone(), &rt, admit)
+            })
+            .collect()
     }
 
     /// Removes runtime pods that no API pod and no worker owns; brings the QoS cgroups to
