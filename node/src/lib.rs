@@ -6,6 +6,7 @@
 //! it through client-go, and the runtime only through CRI, so any CRI runtime can serve it.
 
 pub mod cgroups;
+pub mod checkpoint;
 pub mod cni;
 pub mod containerd;
 pub mod cri;

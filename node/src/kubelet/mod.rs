@@ -17,18 +17,24 @@
 //!    failure into a restart);
 //! 5. static pods ([`static_pods`]) come from `--pod-manifest-path` beside the API's and run
 //!    the same way; their mirror pods in the API are only a window on them, never run;
-//! 6. a deleted pod is stopped (preStop, then its grace period), its sandbox and volumes
+//! 6. the pods bound here are checkpointed (`crate::checkpoint::pods`) when the pod set or a
+//!    pod's spec changes; when the API does not answer within [`API_SOURCE_WAIT`] at start,
+//!    the checkpointed pods run as the API's would, until the API's list replaces them (a
+//!    pod it no longer has is stopped and removed);
+//! 7. a deleted pod is stopped (preStop, then its grace period), its sandbox and volumes
 //!    removed, and it is deleted from the API with grace 0 and its UID as precondition.
 //!
 //! The trick it carries: the runtime is the only record. Every sandbox and container carries
 //! the pod's UID as a label and the kubelet's facts (restart count, spec hash, grace period,
 //! preStop) as annotations, so a restarted kubelet rebuilds everything from one CRI list
-//! and nothing is kept on disk about pods.
+//! and nothing about the runtime's side is kept on disk (the pod checkpoint keeps only the
+//! API's side: which pods are bound here, for a start without the API).
 
 pub mod actions;
 pub mod admission;
 pub mod backoff;
 pub mod container;
+pub mod env_lookup;
 pub mod keyring;
 pub mod log_rotation;
 pub mod pleg;
@@ -80,6 +86,12 @@ pub const COMPONENT: &str = "kubelet";
 /// The root of the container log directories under `--root-dir` (upstream's
 /// `/var/log/pods`, kept under the data dir here).
 pub const POD_LOGS_DIR: &str = "pods-logs";
+
+/// How long the kubelet waits at start for the API's first list of its pods before it runs the
+/// pods of its checkpoint instead: longer than a healthy apiserver takes to answer a LIST of
+/// one node's pods (milliseconds, a second on a loaded box), short enough that a box that
+/// rebooted without its network brings its pods back within seconds.
+pub const API_SOURCE_WAIT: Duration = Duration::from_secs(5);
 
 /// The node facts and flags the kubelet runs with.
 #[derive(Clone, Debug)]
@@ -148,6 +160,10 @@ pub struct Kubelet {
     probes: prober::ProbeManager,
     /// The pods admitted and not stopped ([`admission`]).
     admitted: Mutex<HashMap<String, Arc<Pod>>>,
+    /// Whether the API's list of this node's pods came once: until then the pods run from
+    /// the checkpoint and their containers' environment is built without the Services the
+    /// API cannot list ([`env_lookup::Offline`]).
+    api_synced: std::sync::atomic::AtomicBool,
     /// When each running pod's payload volumes were last set up or refreshed, by pod UID.
     volumes_refreshed: Mutex<HashMap<String, std::time::Instant>>,
     stop: CancellationToken,
@@ -157,6 +173,8 @@ pub struct Kubelet {
     static_pods: static_pods::StaticPods,
     /// Evictions asked of pod workers by the eviction manager, by pod UID.
     evictions: Mutex<HashMap<String, Eviction>>,
+    /// The pods bound here, on disk (`None` when the directory cannot be made).
+    pod_checkpoints: Option<crate::checkpoint::pods::PodCheckpoints>,
 }
 
 /// An eviction handed to a pod's worker (upstream's `killPodNow` with a `PodStatusFunc`):
@@ -262,11 +280,40 @@ fn differs_for_sync(old: &Pod, new: &Pod) -> bool {
     gated && conditions(old) != conditions(new)
 }
 
+impl Source {
+    /// Keeps the pod's checkpoint current (called when the pod set or a pod's sync inputs
+    /// change, and when it reaches a terminal phase, not on other status writes). A pod in a
+    /// terminal phase never runs again: its checkpoint is removed, so a start without the API
+    /// does not run it from the spec it had when it came.
+    fn checkpoint(&self, pod: &Pod) {
+        let Some(c) = &self.kubelet.pod_checkpoints else {
+            return;
+        };
+        let result = if is_terminal(pod) {
+            c.remove(pod.metadata.uid.as_deref().unwrap_or_default())
+        } else {
+            c.store(pod)
+        };
+        if let Err(e) = result {
+            warn!(pod = %pod_workers::pod_name(pod), error = %e, "writing the pod checkpoint failed");
+        }
+    }
+}
+
+/// Whether the pod's phase is `Succeeded` or `Failed`.
+fn is_terminal(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(status::is_terminal_phase)
+}
+
 impl EventHandler<Pod> for Source {
     fn on_add(&self, pod: &Arc<Pod>, _: bool) {
         if self.mirror(pod) {
             return;
         }
+        self.checkpoint(pod);
         self.kubelet
             .workers
             .update(&self.kubelet, PodUpdate::Pod(pod.clone()), &self.rt);
@@ -276,6 +323,9 @@ impl EventHandler<Pod> for Source {
             return;
         }
         let wake = differs_for_sync(old, pod);
+        if wake || (is_terminal(pod) && !is_terminal(old)) {
+            self.checkpoint(pod);
+        }
         self.kubelet.workers.update_and_wake(
             &self.kubelet,
             PodUpdate::Pod(pod.clone()),
@@ -286,6 +336,13 @@ impl EventHandler<Pod> for Source {
     fn on_delete(&self, pod: &Deleted<Pod>) {
         if self.mirror(pod.object()) {
             return;
+        }
+        if let (Some(c), Some(uid)) = (
+            &self.kubelet.pod_checkpoints,
+            pod.object().metadata.uid.as_deref(),
+        ) && let Err(e) = c.remove(uid)
+        {
+            warn!(%uid, error = %e, "removing the pod checkpoint failed");
         }
         self.kubelet.workers.update(
             &self.kubelet,
@@ -335,7 +392,15 @@ impl Kubelet {
             let workers = workers.clone();
             prober::ProbeManager::new(cri.clone(), events.clone(), move |uid| workers.wake(uid))
         };
+        let pod_checkpoints = crate::checkpoint::pods::PodCheckpoints::new(
+            config
+                .root_dir
+                .join(crate::checkpoint::pods::POD_CHECKPOINT_DIR),
+        )
+        .inspect_err(|e| warn!(error = %e, "no pod checkpoints: the directory cannot be made"))
+        .ok();
         Arc::new(Kubelet {
+            pod_checkpoints,
             statuses: status_manager::StatusManager::new(client.clone()),
             config,
             cri,
@@ -349,6 +414,7 @@ impl Kubelet {
             workers,
             probes,
             admitted: Mutex::new(HashMap::new()),
+            api_synced: std::sync::atomic::AtomicBool::new(false),
             volumes_refreshed: Mutex::new(HashMap::new()),
             stop,
             pods: std::sync::OnceLock::new(),
@@ -473,22 +539,68 @@ impl Kubelet {
             }
             None => self.static_pods.mark_synced(),
         }
-        if !informer.wait_for_sync(&stop).await {
-            return;
-        }
-        info!(node = %self.config.node_name, "kubelet: pod source synced");
-        let workers = self.workers.clone();
-        let pleg = tokio::spawn(pleg::run(
-            self.cri.clone(),
-            move |uid| workers.wake(uid),
-            stop.clone(),
-        ));
+        let start_pleg = || {
+            let workers = self.workers.clone();
+            tokio::spawn(pleg::run(
+                self.cri.clone(),
+                move |uid| workers.wake(uid),
+                stop.clone(),
+            ))
+        };
+        // Log rotation needs no API: it runs from the start, so the logs of pods running from
+        // the checkpoint stay bounded while the API is away.
         tokio::spawn(log_rotation::run(
             self.cri.clone(),
             self.config.log_policy,
             stop.clone(),
         ));
+        let mut pleg = None;
+        let mut restored = Vec::new();
+        let first = tokio::time::timeout(API_SOURCE_WAIT, informer.wait_for_sync(&stop)).await;
+        match first {
+            Ok(false) => return,
+            Ok(true) => {}
+            Err(_) => {
+                restored = self.run_checkpointed_pods();
+                if !restored.is_empty() {
+                    pleg = Some(start_pleg());
+                }
+                if !informer.wait_for_sync(&stop).await {
+                    return;
+                }
+            }
+        }
+        info!(node = %self.config.node_name, "kubelet: pod source synced");
+        self.api_synced
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // The API's view replaces the checkpoint's: a pod it no longer has is stopped.
         let store = informer.store();
+        let listed: std::collections::HashSet<String> = store
+            .list()
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        for pod in restored {
+            let Some(uid) = pod.metadata.uid.clone() else {
+                continue;
+            };
+            if listed.contains(&uid) {
+                continue;
+            }
+            info!(pod = %pod_workers::pod_name(&pod), "a checkpointed pod is gone from the API: stopping it");
+            if let Some(c) = &self.pod_checkpoints {
+                let _ = c.remove(&uid);
+            }
+            self.workers.update(
+                &self,
+                PodUpdate::Removed(pod),
+                &tokio::runtime::Handle::current(),
+            );
+        }
+        let pleg = match pleg {
+            Some(p) => p,
+            None => start_pleg(),
+        };
         loop {
             tokio::select! {
                 () = tokio::time::sleep(HOUSEKEEPING_PERIOD) => {}
@@ -498,6 +610,37 @@ impl Kubelet {
         }
         let _ = pleg.await;
         self.events.flush().await;
+    }
+
+    /// Runs the pods of the checkpoint as the API's would be (the API did not answer in
+    /// time); they were admitted when they first came, so they are not checked again (the
+    /// Node cannot be read without the API). Returns them.
+    fn run_checkpointed_pods(self: &Arc<Self>) -> Vec<Arc<Pod>> {
+        let Some(c) = &self.pod_checkpoints else {
+            return Vec::new();
+        };
+        let pods = c.load();
+        warn!(
+            node = %self.config.node_name,
+            pods = pods.len(),
+            wait = ?API_SOURCE_WAIT,
+            "the API did not list this node's pods in time: running the checkpointed pods"
+        );
+        let rt = tokio::runtime::Handle::current();
+        pods.into_iter()
+            .filter(|pod| {
+                // Only a pod no worker runs yet: the API's list may have come since the wait
+                // ended, and its pod, newer, stays the one the worker syncs.
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                let admit = || {
+                    self.admitted
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(uid, pod.clone());
+                };
+                self.workers.start_if_absent(self, pod.clone(), &rt, admit)
+            })
+            .collect()
     }
 
     /// Removes runtime pods that no API pod and no worker owns; brings the QoS cgroups to

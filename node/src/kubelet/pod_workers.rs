@@ -109,6 +109,18 @@ impl PodWorkers {
             });
             return;
         }
+        self.spawn(&mut workers, uid, kubelet, update, rt);
+    }
+
+    /// Starts the worker of `uid` (the caller holds the lock and saw none).
+    fn spawn(
+        &self,
+        workers: &mut HashMap<String, Handle>,
+        uid: String,
+        kubelet: &Arc<Kubelet>,
+        update: PodUpdate,
+        rt: &tokio::runtime::Handle,
+    ) {
         let (tx, rx) = watch::channel(update);
         let wake = Arc::new(Notify::new());
         workers.insert(
@@ -126,6 +138,32 @@ impl PodWorkers {
             this.lock().remove(&uid);
             debug!(%uid, "pod worker ended");
         });
+    }
+
+    /// Starts a worker for `pod` only if none runs for its UID; returns whether it started
+    /// one. The pods of the checkpoint go this way: the API's list may have come between the
+    /// kubelet's wait and the restore, and its pod (newer) must not be replaced by the
+    /// checkpoint's.
+    pub fn start_if_absent(
+        &self,
+        kubelet: &Arc<Kubelet>,
+        pod: Arc<Pod>,
+        rt: &tokio::runtime::Handle,
+        before: impl FnOnce(),
+    ) -> bool {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if uid.is_empty() {
+            return false;
+        }
+        let mut workers = self.lock();
+        if workers.contains_key(&uid) {
+            return false;
+        }
+        // Under the lock: an update of the API's for this UID waits until the worker exists,
+        // and then replaces the checkpoint's pod.
+        before();
+        self.spawn(&mut workers, uid, kubelet, PodUpdate::Pod(pod), rt);
+        true
     }
 
     /// Wakes the worker of `uid` (the PLEG saw a change), if there is one.

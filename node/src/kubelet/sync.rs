@@ -674,17 +674,18 @@ impl Kubelet {
                 retry_in: None,
             }
         };
-        let env = make_environment(
-            EnvInput {
-                pod,
-                container: c,
-                pod_ips,
-                host_ips: &self.config.node_ips,
-                node_allocatable: &self.config.allocatable,
-            },
-            &self.lookup,
-        )
-        .await
+        let input = EnvInput {
+            pod,
+            container: c,
+            pod_ips,
+            host_ips: &self.config.node_ips,
+            node_allocatable: &self.config.allocatable,
+        };
+        let env = if self.api_synced.load(std::sync::atomic::Ordering::SeqCst) {
+            make_environment(input, &self.lookup).await
+        } else {
+            make_environment(input, &super::env_lookup::Offline(&self.lookup)).await
+        }
         .map_err(|e| config_error(e.message))?;
         for ev in &env.events {
             self.record(pod, ev.type_, ev.reason, &ev.message);
