@@ -16,3 +16,73 @@
 
 pub mod cpu_manager;
 pub mod topology;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio_util::sync::CancellationToken;
+
+use crate::checkpoint::cpu_manager::CpuSet;
+use crate::cri::Cri;
+
+/// The managers the kubelet runs its pods with (upstream's container manager holds them).
+pub struct ResourceManagers {
+    /// The CPU manager.
+    pub cpu: Arc<cpu_manager::CpuManager>,
+    /// The topology manager, over the CPU manager as its hint provider.
+    pub topology: topology::TopologyManager,
+    /// `--cpu-manager-reconcile-period`.
+    pub reconcile_period: Duration,
+}
+
+impl ResourceManagers {
+    /// The topology manager's admission of `pod` (which allocates its exclusive CPUs).
+    pub fn admit(&self, pod: &Pod) -> Result<(), topology::AdmitError> {
+        self.topology.admit(pod)
+    }
+
+    /// The pod stopped: its affinities and exclusive CPUs are freed.
+    pub fn release_pod(&self, uid: &str) {
+        self.topology.remove_pod(uid);
+        use topology::HintProvider as _;
+        self.cpu.release_pod(uid);
+    }
+
+    /// The cpuset a new container is created with (`None`: leave it alone).
+    pub fn cpuset_for(&self, uid: &str, container: &str) -> Option<CpuSet> {
+        self.cpu
+            .cpuset_for(uid, container)
+            .filter(|s| !s.is_empty())
+    }
+
+    /// Reconciles every `reconcile_period` until `stop` (`cpuManager.reconcileState` in its
+    /// loop); `active` gives the pods not terminated.
+    pub async fn run_reconcile(
+        self: Arc<Self>,
+        cri: Cri,
+        active: impl Fn() -> Vec<Arc<Pod>> + Send,
+        stop: CancellationToken,
+    ) {
+        if !self.cpu.is_static() {
+            return;
+        }
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(self.reconcile_period) => {}
+                () = stop.cancelled() => return,
+            }
+            self.cpu.reconcile(&cri, &active()).await;
+        }
+    }
+}
+
+impl std::fmt::Debug for ResourceManagers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResourceManagers")
+            .field("cpu_static", &self.cpu.is_static())
+            .field("topology_policy", &self.topology.policy())
+            .field("reconcile_period", &self.reconcile_period)
+            .finish_non_exhaustive()
+    }
+}

@@ -4,7 +4,8 @@
 //! 1. the pod source: a shared informer over the pods with `spec.nodeName=<node>`
 //!    ([`NodePods`]) hands every add, update and delete to [`PodWorkers`];
 //! 2. a new pod is admitted first ([`admission`]: node name, affinity, `NoExecute` taints,
-//!    resources, host ports; a rejected pod is `Failed`); the pod's worker ([`pod_workers`]) syncs it on its latest spec: [`actions`] says what
+//!    resources, host ports, then the topology manager's NUMA admission and the CPU
+//!    manager's exclusive CPUs, `crate::cm`; a rejected pod is `Failed`); the pod's worker ([`pod_workers`]) syncs it on its latest spec: [`actions`] says what
 //!    the runtime must do, [`Kubelet::sync_pod`] ([`sync`]) does it over CRI with the
 //!    sandbox ([`sandbox`]) and container ([`container`]) configurations, the environment
 //!    (`crate::env`) and the volumes (`crate::volume`), with the restart and pull
@@ -126,6 +127,9 @@ pub struct KubeletConfig {
     /// `--file-check-frequency`: how often that folder is read again without an inotify
     /// event.
     pub file_check_frequency: Duration,
+    /// The CPU and topology managers (`crate::cm`); `None`: containers keep every CPU and
+    /// no NUMA admission runs.
+    pub resource_managers: Option<Arc<crate::cm::ResourceManagers>>,
 }
 
 /// The kubelet's default `--sync-frequency` (`KubeletConfiguration` `syncFrequency`, 1 minute):
@@ -396,6 +400,30 @@ impl Kubelet {
         pods
     }
 
+    /// The pods not terminated (upstream `GetActivePods`): those admitted and not stopped,
+    /// and those of the sources not in a final phase (admitted soon, or running from before
+    /// a restart), so the resource managers keep what they hold.
+    pub fn active_pods(&self) -> Vec<Arc<Pod>> {
+        let mut pods: HashMap<String, Arc<Pod>> = self
+            .admitted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for p in self.pods() {
+            let phase = p
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .unwrap_or_default();
+            if let Some(uid) = p.metadata.uid.clone()
+                && !status::is_terminal_phase(phase)
+            {
+                pods.entry(uid).or_insert(p);
+            }
+        }
+        pods.into_values().collect()
+    }
+
     /// The runtime.
     pub fn cri(&self) -> &Cri {
         &self.cri
@@ -487,6 +515,14 @@ impl Kubelet {
             self.config.log_policy,
             stop.clone(),
         ));
+        if let Some(m) = self.config.resource_managers.clone() {
+            let kubelet = self.clone();
+            tokio::spawn(m.run_reconcile(
+                self.cri.clone(),
+                move || kubelet.active_pods(),
+                stop.clone(),
+            ));
+        }
         loop {
             tokio::select! {
                 () = tokio::time::sleep(HOUSEKEEPING_PERIOD) => {}
