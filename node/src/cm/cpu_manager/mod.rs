@@ -22,7 +22,7 @@
 
 pub mod assignment;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -531,7 +531,7 @@ impl HintProvider for CpuManager {
             .state
             .assignments
             .entry(uid)
-            .or_insert_with(BTreeMap::new)
+            .or_default()
             .insert(c.name.clone(), cpus.clone());
         Self::update_reuse(&mut inner, pod, c, &cpus);
         self.store(&inner.state);
