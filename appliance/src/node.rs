@@ -30,6 +30,7 @@ use skerry_node::checkpoint::CheckpointManager;
 use skerry_node::checkpoint::cpu_manager::{CpuSet, parse_cpuset};
 use skerry_node::cm::ResourceManagers;
 use skerry_node::cm::cpu_manager::{self, CpuManager, StaticConfig};
+use skerry_node::cm::memory_manager::{self, MemoryManager, parse_reserved_memory};
 use skerry_node::cm::topology::machine::Machine;
 use skerry_node::cm::topology::{HintProvider, Policy as TopologyPolicy, Scope, TopologyManager};
 use skerry_node::cni::{self, CniConfig};
@@ -118,6 +119,14 @@ pub struct NodeArgs {
     /// --kube-reserved and --system-reserved (as many CPUs are reserved).
     #[arg(long, default_value = "")]
     pub reserved_cpus: String,
+    /// The memory manager's policy: `None` or `Static` (a Guaranteed container's memory on
+    /// the topology manager's NUMA nodes; needs --reserved-memory).
+    #[arg(long, default_value = memory_manager::POLICY_NONE, value_parser = [memory_manager::POLICY_NONE, memory_manager::POLICY_STATIC])]
+    pub memory_manager_policy: String,
+    /// The memory kept per NUMA node for the system, `0:memory=1Gi;1:memory=512Mi`; the sum
+    /// must be --kube-reserved + --system-reserved + --eviction-hard's memory.available.
+    #[arg(long, default_value = "")]
+    pub reserved_memory: String,
     /// The topology manager's policy: none, best-effort, restricted, single-numa-node.
     #[arg(long, default_value = "none", value_parser = ["none", "best-effort", "restricted", "single-numa-node"])]
     pub topology_manager_policy: String,
@@ -254,8 +263,10 @@ impl NodeArgs {
 fn resource_managers(
     args: &NodeArgs,
     root_dir: &Path,
+    capacity: &machine::ResourceList,
 ) -> Result<Option<Arc<ResourceManagers>>, String> {
     let needed = args.cpu_manager_policy != cpu_manager::POLICY_NONE
+        || args.memory_manager_policy != memory_manager::POLICY_NONE
         || args.topology_manager_policy != "none";
     let machine = match Machine::host() {
         Ok(m) => m,
@@ -277,20 +288,39 @@ fn resource_managers(
     };
     let checkpoints = CheckpointManager::new(root_dir).map_err(|e| e.to_string())?;
     let numa_nodes = machine.numa_nodes();
+    let reserved_memory = parse_reserved_memory(&args.reserved_memory)
+        .map_err(|e| format!("--reserved-memory: {e}"))?;
+    let node_reserved = reservations
+        .reservation(capacity)
+        .get("memory")
+        .map_or(0, |q| u64::try_from(q.0 / NANO_PER_UNIT).unwrap_or(0));
+    let memory = MemoryManager::new(
+        &args.memory_manager_policy,
+        &machine,
+        &reserved_memory,
+        node_reserved,
+        checkpoints.clone(),
+    )
+    .map_err(|e| format!("the memory manager: {e}"))?;
+    let memory = memory.is_static().then(|| Arc::new(memory));
     let cpu = Arc::new(CpuManager::new(
         &args.cpu_manager_policy,
         Some(static_config),
         machine,
         checkpoints,
     )?);
-    let provider: Arc<dyn HintProvider> = cpu.clone();
+    let mut providers: Vec<Arc<dyn HintProvider>> = vec![cpu.clone()];
+    if let Some(m) = &memory {
+        providers.push(m.clone());
+    }
     let topology = TopologyManager::new(
         TopologyPolicy::parse(&args.topology_manager_policy)?,
         Scope::parse(&args.topology_manager_scope)?,
         numa_nodes,
-        vec![provider],
+        providers,
     )?;
     Ok(Some(Arc::new(ResourceManagers {
+        memory,
         cpu,
         topology,
         reconcile_period: args.cpu_manager_reconcile_period,
@@ -299,6 +329,8 @@ fn resource_managers(
 
 /// A millicore in a quantity's nano-units.
 const NANO_PER_MILLI: i128 = 1_000_000;
+/// A byte in a quantity's nano-units.
+const NANO_PER_UNIT: i128 = 1_000_000_000;
 
 /// The kubelet's own directory under the agent's.
 const KUBELET_DIR: &str = "agent/kubelet";
@@ -556,10 +588,10 @@ pub async fn start(
             return None;
         }
     };
-    let resource_managers = match resource_managers(args, &root_dir) {
+    let resource_managers = match resource_managers(args, &root_dir, status.capacity()) {
         Ok(m) => m,
         Err(e) => {
-            eprintln!("skerry: no node agent: the CPU manager: {e}");
+            eprintln!("skerry: no node agent: the resource managers: {e}");
             if let Some(c) = containerd {
                 c.stop().await;
             }

@@ -78,7 +78,17 @@ fn guaranteed_pod_gets_an_exclusive_cpu_and_the_others_share_the_rest() {
     let rest = format_cpuset(&cpus.iter().copied().filter(|&c| c != 1).collect());
     let node = Node::start_with(
         NODE,
-        &["--cpu-manager-policy", "static", "--reserved-cpus", "0"],
+        &[
+            "--cpu-manager-policy",
+            "static",
+            "--reserved-cpus",
+            "0",
+            "--memory-manager-policy",
+            "Static",
+            // The default hard eviction threshold (memory.available<100Mi), all on node 0.
+            "--reserved-memory",
+            "0:memory=100Mi",
+        ],
     );
     node.import_busybox();
     let cg = CgroupManager::detect().expect("cgroups");
@@ -142,6 +152,30 @@ fn guaranteed_pod_gets_an_exclusive_cpu_and_the_others_share_the_rest() {
     assert_eq!(state["defaultCpuSet"].as_str(), Some(rest.as_str()));
     let g_uid = g["metadata"]["uid"].as_str().expect("uid");
     assert_eq!(state["entries"][g_uid]["c"], "1");
+    // The memory manager put the Guaranteed container's 64 MiB on NUMA node 0, and its
+    // cpuset.mems says so.
+    let memory: Value = serde_json::from_str(
+        &std::fs::read_to_string(node.data().join("agent/kubelet/memory_manager_state"))
+            .expect("memory_manager_state"),
+    )
+    .expect("JSON");
+    assert_eq!(memory["policyName"], "Static");
+    assert_eq!(
+        memory["entries"][g_uid]["c"],
+        serde_json::json!([{"numaAffinity": [0], "type": "memory", "size": 64 << 20}])
+    );
+    assert_eq!(
+        memory["machineState"]["0"]["memoryMap"]["memory"]["systemReserved"],
+        100 << 20
+    );
+    let mems = cg
+        .path("cpuset", &g_cgroup)
+        .expect("cpuset")
+        .join("cpuset.mems");
+    assert_eq!(
+        std::fs::read_to_string(mems).expect("cpuset.mems").trim(),
+        "0"
+    );
 
     // The Guaranteed pod goes: its CPU returns to the shared pool, and the reconcile loop
     // (10 s) writes the Burstable container's new set through CRI.

@@ -4,6 +4,9 @@
 //! - [`topology`]: the machine's NUMA nodes, sockets, cores and CPUs read from /sys, and the
 //!   topology manager that merges the providers' NUMA hints by bitwise AND and admits or
 //!   rejects a pod (`TopologyAffinityError`);
+//! - [`memory_manager`]: the memory manager, `None` or `Static` (a Guaranteed container's
+//!   memory on the merged NUMA nodes, its `cpuset.mems` set at creation), kept in the
+//!   `memory_manager_state` checkpoint;
 //! - [`cpu_manager`]: the CPU manager, `none` or `static` (exclusive CPUs for the integer CPU
 //!   requests of Guaranteed pods, a shared pool for everything else), kept in the
 //!   `cpu_manager_state` checkpoint and reconciled into every container's cpuset over CRI.
@@ -15,6 +18,7 @@
 //! merge.
 
 pub mod cpu_manager;
+pub mod memory_manager;
 pub mod topology;
 
 use std::sync::Arc;
@@ -30,7 +34,9 @@ use crate::cri::Cri;
 pub struct ResourceManagers {
     /// The CPU manager.
     pub cpu: Arc<cpu_manager::CpuManager>,
-    /// The topology manager, over the CPU manager as its hint provider.
+    /// The memory manager (`None`: policy `None`).
+    pub memory: Option<Arc<memory_manager::MemoryManager>>,
+    /// The topology manager, over the CPU and memory managers as its hint providers.
     pub topology: topology::TopologyManager,
     /// `--cpu-manager-reconcile-period`.
     pub reconcile_period: Duration,
@@ -47,6 +53,9 @@ impl ResourceManagers {
         self.topology.remove_pod(uid);
         use topology::HintProvider as _;
         self.cpu.release_pod(uid);
+        if let Some(m) = &self.memory {
+            m.release_pod(uid);
+        }
     }
 
     /// The cpuset a new container is created with (`None`: leave it alone).
@@ -54,6 +63,15 @@ impl ResourceManagers {
         self.cpu
             .cpuset_for(uid, container)
             .filter(|s| !s.is_empty())
+    }
+
+    /// The `cpuset.mems` a new container is created with (the memory manager's NUMA nodes
+    /// of its memory, `None`: leave it alone).
+    pub fn cpuset_mems_for(&self, uid: &str, container: &str) -> Option<String> {
+        let nodes = self.memory.as_ref()?.numa_nodes_for(uid, container)?;
+        Some(crate::checkpoint::cpu_manager::format_cpuset(
+            &nodes.into_iter().collect(),
+        ))
     }
 
     /// Reconciles every `reconcile_period` until `stop` (`cpuManager.reconcileState` in its

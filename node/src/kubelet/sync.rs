@@ -743,6 +743,16 @@ impl Kubelet {
         {
             r.cpuset_cpus = crate::checkpoint::cpu_manager::format_cpuset(cpus);
         }
+        // The memory manager's NUMA nodes (`PreCreateContainer`'s `CpusetMems`).
+        if let Some(mems) = self
+            .config
+            .resource_managers
+            .as_ref()
+            .and_then(|m| m.cpuset_mems_for(&uid, &c.name))
+            && let Some(r) = config.linux.as_mut().and_then(|l| l.resources.as_mut())
+        {
+            r.cpuset_mems = mems;
+        }
         let id = match self
             .cri
             .create_container(sandbox_id, config, sandbox_config.clone())
