@@ -7,6 +7,10 @@
 //! (requests against allocatable minus the admitted pods' requests, and the pod count), and
 //! the host ports.
 //!
+//! A pod these predicates admit then goes through the topology manager's admit handler
+//! (`crate::cm`: NUMA hints merged, exclusive CPUs and memory allocated), whose refusal is
+//! upstream's `TopologyAffinityError` or `UnexpectedAdmissionError`.
+//!
 //! Pure: [`admit`] takes the node and the other pods and gives the first failure with
 //! upstream's reason and message; the kubelet sets the pod `Failed` with
 //! `Pod was rejected: <message>` and records a `Warning` event (`kubelet.go` `rejectPod`).
