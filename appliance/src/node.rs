@@ -26,6 +26,13 @@ use skerry_node::cgroups::CgroupManager;
 use skerry_node::cgroups::pod::{
     ContainerManager, ENFORCE_PODS, node_allocatable_config, node_allocatable_limits,
 };
+use skerry_node::checkpoint::CheckpointManager;
+use skerry_node::checkpoint::cpu_manager::{CpuSet, parse_cpuset};
+use skerry_node::cm::ResourceManagers;
+use skerry_node::cm::cpu_manager::{self, CpuManager, StaticConfig};
+use skerry_node::cm::memory_manager::{self, MemoryManager, parse_reserved_memory};
+use skerry_node::cm::topology::machine::Machine;
+use skerry_node::cm::topology::{HintProvider, Policy as TopologyPolicy, Scope, TopologyManager};
 use skerry_node::cni::{self, CniConfig};
 use skerry_node::containerd::config::cni_bin_dir;
 use skerry_node::containerd::{Containerd, ContainerdConfig};
@@ -120,6 +127,32 @@ pub struct NodeArgs {
     /// The most seconds a pod evicted for a soft threshold gets to stop.
     #[arg(long, default_value_t = 0)]
     pub eviction_max_pod_grace_period: i64,
+    /// The CPU manager's policy: `none` (every container on every CPU) or `static`
+    /// (exclusive CPUs for the integer CPU requests of Guaranteed pods; needs a CPU
+    /// reservation).
+    #[arg(long, default_value = cpu_manager::POLICY_NONE, value_parser = [cpu_manager::POLICY_NONE, cpu_manager::POLICY_STATIC])]
+    pub cpu_manager_policy: String,
+    /// How often the CPU manager writes the containers' cpusets through CRI (e.g. 10s).
+    #[arg(long, default_value = "10s", value_parser = crate::parse_duration)]
+    pub cpu_manager_reconcile_period: Duration,
+    /// The CPUs kept for the system and the kubelet (`0-1,4`); replaces the cpu of
+    /// --kube-reserved and --system-reserved (as many CPUs are reserved).
+    #[arg(long, default_value = "")]
+    pub reserved_cpus: String,
+    /// The memory manager's policy: `None` or `Static` (a Guaranteed container's memory on
+    /// the topology manager's NUMA nodes; needs --reserved-memory).
+    #[arg(long, default_value = memory_manager::POLICY_NONE, value_parser = [memory_manager::POLICY_NONE, memory_manager::POLICY_STATIC])]
+    pub memory_manager_policy: String,
+    /// The memory kept per NUMA node for the system, `0:memory=1Gi;1:memory=512Mi`; the sum
+    /// must be --kube-reserved + --system-reserved + --eviction-hard's memory.available.
+    #[arg(long, default_value = "")]
+    pub reserved_memory: String,
+    /// The topology manager's policy: none, best-effort, restricted, single-numa-node.
+    #[arg(long, default_value = "none", value_parser = ["none", "best-effort", "restricted", "single-numa-node"])]
+    pub topology_manager_policy: String,
+    /// The topology manager's scope: container or pod.
+    #[arg(long, default_value = "container", value_parser = ["container", "pod"])]
+    pub topology_manager_scope: String,
     /// Requests a second the kubelet sends to the apiserver (the kubelet's `kubeAPIQPS`; 0:
     /// no limit).
     #[arg(long, default_value_t = KUBE_API_QPS, value_parser = parse_qps)]
@@ -223,12 +256,31 @@ impl NodeArgs {
     /// The reservations of `--kube-reserved`, `--system-reserved` and `--eviction-hard`; an
     /// error names its flag.
     pub fn reservations(&self) -> Result<Reservations, String> {
-        Reservations::parse(
+        let mut r = Reservations::parse(
             &self.kube_reserved,
             &self.system_reserved,
             &self.eviction_hard,
         )
-        .map_err(|e| e.0)
+        .map_err(|e| e.0)?;
+        // `--reserved-cpus` overwrites the cpu of both reservations
+        // (`cmd/kubelet/app/server.go`): the system gets as many CPUs as it lists.
+        let cpus = self.reserved_cpus()?;
+        if !cpus.is_empty() {
+            r.kube_reserved.remove("cpu");
+            let count = machine::parse_reserved(&format!("cpu={}", cpus.len())).map_err(|e| e.0)?;
+            r.system_reserved.extend(count);
+        }
+        Ok(r)
+    }
+
+    /// `--reserved-cpus`, parsed (`cpuset.Parse`).
+    pub fn reserved_cpus(&self) -> Result<CpuSet, String> {
+        parse_cpuset(self.reserved_cpus.trim()).map_err(|e| {
+            format!(
+                "--reserved-cpus: unable to parse {:?}: {e}",
+                self.reserved_cpus
+            )
+        })
     }
 
     /// The eviction manager's thresholds and timings (`ParseThresholdConfig`), an error
@@ -265,6 +317,83 @@ impl NodeArgs {
         Ok(())
     }
 }
+
+/// The CPU and topology managers (`pkg/kubelet/cm/container_manager_linux.go` builds them
+/// in `NewContainerManager`): the machine's topology from /sys, the CPU manager's state from
+/// `<root-dir>/cpu_manager_state`. `None` with a warning when the topology cannot be read
+/// and neither policy needs it; an error (no node agent, as upstream's kubelet does not
+/// start) when the static policy or a NUMA-aware topology policy cannot run.
+fn resource_managers(
+    args: &NodeArgs,
+    root_dir: &Path,
+    capacity: &machine::ResourceList,
+) -> Result<Option<Arc<ResourceManagers>>, String> {
+    let needed = args.cpu_manager_policy != cpu_manager::POLICY_NONE
+        || args.memory_manager_policy != memory_manager::POLICY_NONE
+        || args.topology_manager_policy != "none";
+    let machine = match Machine::host() {
+        Ok(m) => m,
+        Err(e) if !needed => {
+            tracing::warn!(error = %e, "no CPU manager: the machine's topology cannot be read");
+            return Ok(None);
+        }
+        Err(e) => return Err(format!("the machine's topology: {e}")),
+    };
+    let reservations = args.reservations()?;
+    let milli = |list: &machine::ResourceList| {
+        list.get("cpu").map_or(0, |q| {
+            i64::try_from((q.0 + NANO_PER_MILLI - 1) / NANO_PER_MILLI).unwrap_or(i64::MAX)
+        })
+    };
+    let static_config = StaticConfig {
+        reserved_cpus: Some(args.reserved_cpus()?).filter(|s| !s.is_empty()),
+        reserved_milli: milli(&reservations.kube_reserved) + milli(&reservations.system_reserved),
+    };
+    let checkpoints = CheckpointManager::new(root_dir).map_err(|e| e.to_string())?;
+    let numa_nodes = machine.numa_nodes();
+    let reserved_memory = parse_reserved_memory(&args.reserved_memory)
+        .map_err(|e| format!("--reserved-memory: {e}"))?;
+    let node_reserved = reservations
+        .reservation(capacity)
+        .get("memory")
+        .map_or(0, |q| u64::try_from(q.0 / NANO_PER_UNIT).unwrap_or(0));
+    let memory = MemoryManager::new(
+        &args.memory_manager_policy,
+        &machine,
+        &reserved_memory,
+        node_reserved,
+        checkpoints.clone(),
+    )
+    .map_err(|e| format!("the memory manager: {e}"))?;
+    let memory = memory.is_static().then(|| Arc::new(memory));
+    let cpu = Arc::new(CpuManager::new(
+        &args.cpu_manager_policy,
+        Some(static_config),
+        machine,
+        checkpoints,
+    )?);
+    let mut providers: Vec<Arc<dyn HintProvider>> = vec![cpu.clone()];
+    if let Some(m) = &memory {
+        providers.push(m.clone());
+    }
+    let topology = TopologyManager::new(
+        TopologyPolicy::parse(&args.topology_manager_policy)?,
+        Scope::parse(&args.topology_manager_scope)?,
+        numa_nodes,
+        providers,
+    )?;
+    Ok(Some(Arc::new(ResourceManagers {
+        memory,
+        cpu,
+        topology,
+        reconcile_period: args.cpu_manager_reconcile_period,
+    })))
+}
+
+/// A millicore in a quantity's nano-units.
+const NANO_PER_MILLI: i128 = 1_000_000;
+/// A byte in a quantity's nano-units.
+const NANO_PER_UNIT: i128 = 1_000_000_000;
 
 /// The kubelet's own directory under the agent's.
 const KUBELET_DIR: &str = "agent/kubelet";
@@ -543,7 +672,18 @@ pub async fn start(
             return None;
         }
     };
+    let resource_managers = match resource_managers(args, &root_dir, status.capacity()) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("skerry: no node agent: the resource managers: {e}");
+            if let Some(c) = containerd {
+                c.stop().await;
+            }
+            return None;
+        }
+    };
     let config = KubeletConfig {
+        resource_managers,
         node_name: node_name.clone(),
         root_dir,
         node_ips: vec![node_ip.to_string()],

@@ -7,6 +7,7 @@
 
 pub mod cgroups;
 pub mod checkpoint;
+pub mod cm;
 pub mod cni;
 pub mod containerd;
 pub mod cri;

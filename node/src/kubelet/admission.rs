@@ -7,6 +7,10 @@
 //! (requests against allocatable minus the admitted pods' requests, and the pod count), and
 //! the host ports.
 //!
+//! A pod these predicates admit then goes through the topology manager's admit handler
+//! (`crate::cm`: NUMA hints merged, exclusive CPUs and memory allocated), whose refusal is
+//! upstream's `TopologyAffinityError` or `UnexpectedAdmissionError`.
+//!
 //! Pure: [`admit`] takes the node and the other pods and gives the first failure with
 //! upstream's reason and message; the kubelet sets the pod `Failed` with
 //! `Pod was rejected: <message>` and records a `Warning` event (`kubelet.go` `rejectPod`).
@@ -256,7 +260,17 @@ impl Kubelet {
             let verdict = {
                 let mut admitted = self.admitted_lock();
                 let others: Vec<&Pod> = admitted.values().map(|p| p.as_ref()).collect();
-                let verdict = admit(pod, &node, &others);
+                let mut verdict = admit(pod, &node, &others);
+                // Then the topology manager's admit handler, which allocates the pod's
+                // exclusive CPUs (`kubelet.go` appends it after the predicate handler).
+                if verdict.is_ok()
+                    && let Some(m) = &self.config.resource_managers
+                {
+                    verdict = m.admit(pod).map_err(|e| Rejection {
+                        reason: e.reason,
+                        message: e.message,
+                    });
+                }
                 if verdict.is_ok() {
                     admitted.insert(uid.clone(), Arc::new(pod.clone()));
                 }
@@ -275,13 +289,24 @@ impl Kubelet {
             }
             return Ok(true);
         }
+        // Running from before a restart: the resource managers take it back as it is
+        // (its exclusive CPUs come from their checkpoint), never refusing it.
+        if let Some(m) = &self.config.resource_managers
+            && let Err(e) = m.admit(pod)
+        {
+            warn!(pod = %pod_name(pod), reason = %e.reason, message = %e.message, "a running pod does not fit the resource managers");
+        }
         self.admitted_lock().insert(uid, Arc::new(pod.clone()));
         Ok(true)
     }
 
-    /// Forgets an admitted pod (it stopped: its requests and ports are free again).
+    /// Forgets an admitted pod (it stopped: its requests, ports and exclusive CPUs are free
+    /// again).
     pub fn release_admission(&self, uid: &str) {
         self.admitted_lock().remove(uid);
+        if let Some(m) = &self.config.resource_managers {
+            m.release_pod(uid);
+        }
     }
 
     fn admitted_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Pod>>> {

@@ -4,7 +4,8 @@
 //! 1. the pod source: a shared informer over the pods with `spec.nodeName=<node>`
 //!    ([`NodePods`]) hands every add, update and delete to [`PodWorkers`];
 //! 2. a new pod is admitted first ([`admission`]: node name, affinity, `NoExecute` taints,
-//!    resources, host ports; a rejected pod is `Failed`); the pod's worker ([`pod_workers`]) syncs it on its latest spec: [`actions`] says what
+//!    resources, host ports, then the topology manager's NUMA admission and the CPU
+//!    manager's exclusive CPUs, `crate::cm`; a rejected pod is `Failed`); the pod's worker ([`pod_workers`]) syncs it on its latest spec: [`actions`] says what
 //!    the runtime must do, [`Kubelet::sync_pod`] ([`sync`]) does it over CRI with the
 //!    sandbox ([`sandbox`]) and container ([`container`]) configurations, the environment
 //!    (`crate::env`) and the volumes (`crate::volume`), with the restart and pull
@@ -137,6 +138,9 @@ pub struct KubeletConfig {
     /// The node conditions the eviction manager reports ([`crate::eviction`]): its
     /// admission refuses pods under pressure.
     pub node_pressure: tokio::sync::watch::Receiver<crate::machine::Pressure>,
+    /// The CPU and topology managers (`crate::cm`); `None`: containers keep every CPU and
+    /// no NUMA admission runs.
+    pub resource_managers: Option<Arc<crate::cm::ResourceManagers>>,
 }
 
 /// The kubelet's default `--sync-frequency` (`KubeletConfiguration` `syncFrequency`, 1 minute):
@@ -505,6 +509,32 @@ impl Kubelet {
         pods
     }
 
+    /// The pods that may hold CPUs and memory (the resource managers' `GetActivePods`):
+    /// those admitted and not stopped, and those of the sources not in a final phase
+    /// (admitted soon, or running from before a restart), so the resource managers keep
+    /// what they hold. The eviction manager takes [`Kubelet::active_pods`], the admitted
+    /// ones only: a pod not admitted yet is not running to be evicted.
+    pub fn pods_holding_resources(&self) -> Vec<Arc<Pod>> {
+        let mut pods: HashMap<String, Arc<Pod>> = self
+            .admitted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for p in self.pods() {
+            let phase = p
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .unwrap_or_default();
+            if let Some(uid) = p.metadata.uid.clone()
+                && !status::is_terminal_phase(phase)
+            {
+                pods.entry(uid).or_insert(p);
+            }
+        }
+        pods.into_values().collect()
+    }
+
     /// The runtime.
     pub fn cri(&self) -> &Cri {
         &self.cri
@@ -601,6 +631,14 @@ impl Kubelet {
             Some(p) => p,
             None => start_pleg(),
         };
+        if let Some(m) = self.config.resource_managers.clone() {
+            let kubelet = self.clone();
+            tokio::spawn(m.run_reconcile(
+                self.cri.clone(),
+                move || kubelet.pods_holding_resources(),
+                stop.clone(),
+            ));
+        }
         loop {
             tokio::select! {
                 () = tokio::time::sleep(HOUSEKEEPING_PERIOD) => {}

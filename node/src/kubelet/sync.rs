@@ -719,7 +719,7 @@ impl Kubelet {
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| config_error(format!("create {}: {e}", log_dir.display())))?;
         let qos = sandbox::qos_class(pod);
-        let config = container_config(&ContainerInput {
+        let mut config = container_config(&ContainerInput {
             pod,
             container: c,
             restart_count,
@@ -733,12 +733,38 @@ impl Kubelet {
             cgroup_host: self.config.cgroups.host(),
             hash,
         });
+        // The CPU manager's set (`PreCreateContainer`): its exclusive CPUs or the shared pool.
+        let cpus = self
+            .config
+            .resource_managers
+            .as_ref()
+            .and_then(|m| m.cpuset_for(&uid, &c.name));
+        if let Some(cpus) = &cpus
+            && let Some(r) = config.linux.as_mut().and_then(|l| l.resources.as_mut())
+        {
+            r.cpuset_cpus = crate::checkpoint::cpu_manager::format_cpuset(cpus);
+        }
+        // The memory manager's NUMA nodes (`PreCreateContainer`'s `CpusetMems`).
+        if let Some(mems) = self
+            .config
+            .resource_managers
+            .as_ref()
+            .and_then(|m| m.cpuset_mems_for(&uid, &c.name))
+            && let Some(r) = config.linux.as_mut().and_then(|l| l.resources.as_mut())
+        {
+            r.cpuset_mems = mems;
+        }
         let id = match self
             .cri
             .create_container(sandbox_id, config, sandbox_config.clone())
             .await
         {
-            Ok(id) => id,
+            Ok(id) => {
+                if let (Some(m), Some(cpus)) = (&self.config.resource_managers, &cpus) {
+                    m.cpu.created(&id, cpus);
+                }
+                id
+            }
             Err(e) => {
                 let message = e.to_string();
                 self.record(pod, EVENT_WARNING, "Failed", &format!("Error: {message}"));
