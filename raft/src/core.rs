@@ -668,6 +668,15 @@ impl<H: Host> Core<H> {
                     let _ = reply.send(Err(membership_error(&reason)));
                 }
             }
+            Received::Removed { by } => {
+                // A member of our cluster (its hello authenticated) applied our removal: the
+                // entry may never reach us (see `Transport::remove_peer`).
+                info!(
+                    by = format_args!("{by:x}"),
+                    "membership: a peer applied this member's removal"
+                );
+                self.removed = true;
+            }
         }
     }
 

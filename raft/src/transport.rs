@@ -120,6 +120,8 @@ pub enum Received {
     MembershipRefused { proposal: u64, reason: String },
     /// Leases a follower's clients renewed (for the leader's lessor).
     LeaseRenewals(Vec<i64>),
+    /// Peer `by` applied our removal from the cluster.
+    Removed { by: u64 },
     /// The connection a peer had opened to us closed: the peer process is gone or restarting
     /// (a crashed process's sockets are closed by its kernel at once), or the link broke.
     PeerDown(u64),
@@ -141,6 +143,8 @@ pub enum Outbound {
         proposal: u64,
         reason: String,
     },
+    /// The receiver was removed from the cluster (see [`Transport::remove_peer`]).
+    Removed,
 }
 
 /// Frame kinds: a raft message, lease ids renewed by a follower's clients, a forwarded
@@ -149,6 +153,13 @@ const FRAME_RAFT: u8 = 0;
 const FRAME_LEASE_RENEWALS: u8 = 1;
 const FRAME_MEMBERSHIP: u8 = 2;
 const FRAME_MEMBERSHIP_REFUSED: u8 = 3;
+/// The sender applied the receiver's removal (etcd answers a removed member's requests with
+/// `410 Gone` for the same reason).
+const FRAME_REMOVED: u8 = 4;
+
+/// How long a removed member's sending task may take to deliver the removal notice before it
+/// is aborted: a member that is away does not hold a task and a socket for long.
+pub const REMOVED_NOTICE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Membership change kinds in a forwarded frame.
 const CHANGE_ADD: u8 = 1;
@@ -301,11 +312,27 @@ impl Transport {
         peers.insert(id, Peer { tx, addr, task });
     }
 
-    /// Stops sending to member `id` (removed from the cluster).
+    /// Stops sending to member `id` (removed from the cluster), telling it first.
+    ///
+    /// A removed member learns of its removal by applying the configuration change that
+    /// removes it, and only the leader's next append carries the commit of that entry; once
+    /// the leader has applied the change, raft-rs sends that member nothing more. Under load
+    /// the leader can apply before that append is out, and the removed member would then
+    /// wait for a leader forever. So every member that applies the removal sends it one last
+    /// frame saying so, the last on its connection; the sending task ends once it is written,
+    /// or is aborted after [`REMOVED_NOTICE_TIMEOUT`].
     pub fn remove_peer(&self, id: u64) {
-        if let Some(peer) = self.inner.peers.write().remove(&id) {
-            peer.task.abort();
-        }
+        let Some(peer) = self.inner.peers.write().remove(&id) else {
+            return;
+        };
+        let Peer { tx, task, .. } = peer;
+        let _ = tx.try_send(Outbound::Removed);
+        // With the sender gone the loop drains what is queued and returns.
+        drop(tx);
+        self.inner.runtime.spawn(async move {
+            tokio::time::sleep(REMOVED_NOTICE_TIMEOUT).await;
+            task.abort();
+        });
     }
 
     /// The peers we send to, by id.
@@ -810,6 +837,7 @@ fn encode_outbound(out: Outbound, buf: &mut BytesMut) {
             buf.put_u64_le(proposal);
             buf.put_slice(reason.as_bytes());
         }
+        Outbound::Removed => buf.put_u8(FRAME_REMOVED),
     }
     let len = (buf.len() - start - 4) as u32;
     buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
@@ -960,6 +988,12 @@ async fn receive(stream: Box<dyn PeerIo>, peer: u64, inner: &Inner) -> Result<()
                 let proposal = fields.u64()?;
                 let reason = String::from_utf8_lossy(fields.0).into_owned();
                 Received::MembershipRefused { proposal, reason }
+            }
+            FRAME_REMOVED => {
+                if !body.is_empty() {
+                    return Err("bad removal frame".into());
+                }
+                Received::Removed { by: peer }
             }
             FRAME_RAFT => {
                 let message = Message::parse_from_bytes(body).map_err(|e| e.to_string())?;
@@ -1173,6 +1207,47 @@ mod tests {
     /// Connections that never finish their hello are closed at [`HELLO_TIMEOUT`]: one that
     /// sends nothing, one that sends half a hello, and a join query that never sends the URL
     /// it asks about.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_removed_peer_is_told_after_the_messages_queued_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a_addr, b_addr) = (free_addr(), free_addr());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let inbound: Inbound = Arc::new(move |received| {
+            let _ = tx.send(match received {
+                Received::Message(m) => format!("message {}", m.commit),
+                Received::Removed { by } => format!("removed by {by}"),
+                _ => "other".to_string(),
+            });
+            true
+        });
+        let snapshots = SnapshotSetup {
+            dir: dir.path().join("snap-1"),
+            outgoing: Default::default(),
+            directory: Arc::new(|_| None),
+        };
+        let a = Transport::start(1, 1, a_addr, vec![], inbound, None, snapshots)
+            .await
+            .unwrap();
+        let b = start(2, b_addr, vec![(1, a_addr)], None, None, dir.path()).await;
+        // b applies a's removal right after queueing a heartbeat: a gets the heartbeat, then
+        // the notice, and b sends it nothing more.
+        assert!(b.send(vec![heartbeat(2, 1, 7)]).is_empty());
+        b.remove_peer(1);
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            let r = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .expect("the removal notice did not arrive")
+                .unwrap();
+            got.push(r);
+        }
+        assert_eq!(got, ["message 7", "removed by 2"]);
+        assert!(b.peer_ids().is_empty());
+        assert_eq!(b.send(vec![heartbeat(2, 1, 8)]), vec![1]);
+        a.shutdown();
+        b.shutdown();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connection_without_a_complete_hello_is_closed_at_the_deadline() {
         let dir = tempfile::tempdir().unwrap();
