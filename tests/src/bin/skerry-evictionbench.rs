@@ -352,7 +352,7 @@ fn eviction_round(server: &Server, i: usize) -> Result<(f64, f64, String)> {
         }
         std::thread::sleep(SAMPLE);
     };
-    let key = format!("pod={}", format_args!("default/{name}"));
+    let key = format!("/{name} ");
     wait_until("the eviction decision", || {
         server
             .log()
