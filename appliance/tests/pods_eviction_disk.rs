@@ -1,8 +1,8 @@
 //! The eviction manager under real disk pressure (issue 19: "a node under disk pressure
 //! removes unused images before it evicts anything"): the real binary with its containerd and
-//! runc, on a disk of its own. The node's `agent` dir (the kubelet's root dir with the pods'
-//! emptyDirs and logs, containerd's root with its content store and overlayfs snapshots) is a
-//! [`DISK`]-sized tmpfs mounted before the server starts, so `nodefs` and `imagefs` are that
+//! runc, on a disk of its own. The node's data dir (the store, the kubelet's root dir with the
+//! pods' emptyDirs and logs, containerd's root with its content store and overlayfs snapshots)
+//! is a [`DISK`]-sized tmpfs mounted before the server starts, so `nodefs` and `imagefs` are that
 //! file system's `statvfs` and the test can push them past the thresholds without filling the
 //! machine's disk (overlayfs with a tmpfs upper dir is what containerd 1.6 runs on here).
 //!
@@ -83,15 +83,14 @@ fn pod(name: &str, request: &str) -> Value {
 
 /// `kubectl exec` of `dd` writing `mib` MiB into the pod's emptyDir as file `file`.
 fn write(node: &Node, pod: &str, file: &str, mib: u64) {
+    // Through sh: the image links busybox's `dd` only as sh's own applet.
     node.kube.ok(&[
         "exec",
         pod,
         "--",
-        "dd",
-        "if=/dev/zero",
-        &format!("of=/scratch/{file}"),
-        "bs=1048576",
-        &format!("count={mib}"),
+        "sh",
+        "-c",
+        &format!("dd if=/dev/zero of=/scratch/{file} bs=1048576 count={mib}"),
     ]);
 }
 
@@ -137,12 +136,19 @@ fn unused_images_go_before_any_pod_then_the_pod_over_its_request() {
     let hard = format!(
         "memory.available<100Mi,nodefs.available<{THRESHOLD_MIB}Mi,imagefs.available<{THRESHOLD_MIB}Mi"
     );
+    // The whole data dir: the store refuses a data dir holding anything but its own files
+    // when it creates itself, so the tmpfs is the (empty) data dir and the store lives on it
+    // too (a few MiB, measured with the rest).
     let node = Node::start_prepared(NODE, &["--eviction-hard", &hard], |data| {
-        let agent = data.join("agent");
-        std::fs::create_dir_all(&agent).expect("agent dir");
         let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={DISK},mode=0755"), "tmpfs"])
-            .arg(&agent)
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={DISK},mode=0755"),
+                "tmpfs",
+            ])
+            .arg(data)
             .output()
             .expect("mount");
         assert!(
@@ -151,10 +157,14 @@ fn unused_images_go_before_any_pod_then_the_pod_over_its_request() {
             String::from_utf8_lossy(&out.stderr)
         );
     });
-    let disk = node.data().join("agent");
+    let disk = node.data();
     node.import_busybox();
     for (i, name) in BALLAST.iter().enumerate() {
-        node.import(&ballast(name, BALLAST_MIB, 0x9e37_79b9_7f4a_7c15 + i as u64));
+        node.import(&ballast(
+            name,
+            BALLAST_MIB,
+            0x9e37_79b9_7f4a_7c15 + i as u64,
+        ));
     }
     let before = tags(&node.socket());
     for name in BALLAST.iter().chain([&IMAGE, &PAUSE_IMAGE]) {
@@ -164,8 +174,10 @@ fn unused_images_go_before_any_pod_then_the_pod_over_its_request() {
         &["apply", "-f", "-"],
         Some(&pod("bystander", "64Mi").to_string()),
     );
-    node.kube
-        .ok_in(&["apply", "-f", "-"], Some(&pod("writer", "10Mi").to_string()));
+    node.kube.ok_in(
+        &["apply", "-f", "-"],
+        Some(&pod("writer", "10Mi").to_string()),
+    );
     node.wait_pod("bystander", "Running", running);
     node.wait_pod("writer", "Running", running);
     write(&node, "bystander", "within", 16);
@@ -177,7 +189,12 @@ fn unused_images_go_before_any_pod_then_the_pod_over_its_request() {
         available > THRESHOLD_MIB + OVERSHOOT_MIB,
         "the disk is already short: {available} MiB"
     );
-    write(&node, "writer", "one", available - THRESHOLD_MIB + OVERSHOOT_MIB);
+    write(
+        &node,
+        "writer",
+        "one",
+        available - THRESHOLD_MIB + OVERSHOOT_MIB,
+    );
     let crossed = available_mib(&disk);
     println!("written: {crossed} MiB available, threshold {THRESHOLD_MIB} MiB");
     let took = wait("the unused images removed", &node, || {
@@ -213,7 +230,12 @@ fn unused_images_go_before_any_pod_then_the_pod_over_its_request() {
 
     // Past it again with nothing left to remove: the pod furthest beyond its request goes.
     let available = available_mib(&disk);
-    write(&node, "writer", "two", available - THRESHOLD_MIB + OVERSHOOT_MIB);
+    write(
+        &node,
+        "writer",
+        "two",
+        available - THRESHOLD_MIB + OVERSHOOT_MIB,
+    );
     println!(
         "written again: {} MiB available",
         available_mib(&disk).min(available)
@@ -222,7 +244,10 @@ fn unused_images_go_before_any_pod_then_the_pod_over_its_request() {
     let evicted = node.wait_pod("writer", "evicted", |p| {
         p["status"]["phase"] == "Failed" && p["status"]["reason"] == "Evicted"
     });
-    println!("writer evicted {:?} after the second write", started.elapsed());
+    println!(
+        "writer evicted {:?} after the second write",
+        started.elapsed()
+    );
     let message = evicted["status"]["message"].as_str().unwrap_or_default();
     // Upstream names a container only when its own writable layer and logs exceed its
     // request; the writer's disk is its emptyDir, which counts for the pod's ranking.
@@ -261,5 +286,8 @@ fn unused_images_go_before_any_pod_then_the_pod_over_its_request() {
         "{disk_evictions:?}"
     );
     let events = common::node::events(&node, "writer");
-    assert!(events.iter().any(|e| e.starts_with("Evicted: ")), "{events:?}");
+    assert!(
+        events.iter().any(|e| e.starts_with("Evicted: ")),
+        "{events:?}"
+    );
 }

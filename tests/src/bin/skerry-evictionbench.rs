@@ -122,8 +122,14 @@ impl Server {
             .ok()?;
         let p: Value = serde_json::from_str(&out).ok()?;
         Some((
-            p["status"]["phase"].as_str().unwrap_or_default().to_string(),
-            p["status"]["reason"].as_str().unwrap_or_default().to_string(),
+            p["status"]["phase"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            p["status"]["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
         ))
     }
 }
@@ -522,7 +528,10 @@ mod tests {
 
     #[test]
     fn log_stamps_parse() {
-        assert_eq!(stamp_ns("1970-01-01T00:00:01.5Z  INFO x"), Some(1_500_000_000));
+        assert_eq!(
+            stamp_ns("1970-01-01T00:00:01.5Z  INFO x"),
+            Some(1_500_000_000)
+        );
         assert_eq!(
             stamp_ns("2026-12-02T10:11:12.123456Z  INFO x"),
             Some(1_796_206_272_123_456_000)
