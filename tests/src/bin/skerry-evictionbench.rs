@@ -386,6 +386,7 @@ fn eviction_round(server: &Server, i: usize) -> Result<(f64, f64, String)> {
                 l.split_whitespace()
                     .find_map(|f| f.strip_prefix("reason="))
                     .unwrap_or("?")
+                    .trim_matches('"')
                     .to_string()
             })
         })
@@ -439,7 +440,8 @@ fn wakeups(log: &str) -> BTreeMap<String, usize> {
         let reason = l
             .split_whitespace()
             .find_map(|f| f.strip_prefix("reason="))
-            .unwrap_or("");
+            .unwrap_or("")
+            .trim_matches('"');
         *out.entry(format!("{kind} {reason}").trim().to_string())
             .or_insert(0) += 1;
     }
