@@ -15,7 +15,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::node::{IMAGE, Node, missing_prerequisite, running};
+use common::node::{IMAGE, Node, client_cert, curl_kubelet, missing_prerequisite, running};
 use serde_json::Value;
 
 const NODE: &str = "eviction-node";
@@ -145,6 +145,31 @@ fn the_pod_exceeding_its_request_is_evicted_before_the_larger_one_within_it() {
         .expect("a DisruptionTarget condition");
     assert_eq!(disruption["status"], "True");
     assert_eq!(disruption["reason"], "TerminationByKubelet");
+    // `kubelet_evictions{eviction_signal}` counts it (`kubelet_evictions_total` in the
+    // OpenMetrics text, as client_golang writes a counter there), on the signal that acted (the hard
+    // `memory.available` threshold copied to `allocatableMemory.available` is the one
+    // `kubepods` crosses; the root's available memory is the machine's).
+    let admin = client_cert(&node, &node.kube.kubeconfig, "admin");
+    let (code, metrics) = curl_kubelet(&node, "/metrics", Some(&admin));
+    assert_eq!(code, "200", "{metrics}");
+    let evictions: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("kubelet_evictions"))
+        .filter(|l| {
+            l.contains(r#"eviction_signal="allocatableMemory.available""#)
+                || l.contains(r#"eviction_signal="memory.available""#)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(
+        evictions,
+        1.0,
+        "one memory eviction counted: {:?}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("kubelet_evictions"))
+            .collect::<Vec<_>>()
+    );
     // The larger pod within its request still runs.
     let large = node.pod("large");
     assert_eq!(large["status"]["phase"], "Running", "{:#}", large["status"]);

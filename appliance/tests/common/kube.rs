@@ -46,7 +46,7 @@ impl Kube {
     /// A server with the control plane only (`--disable-agent`): these tests run many
     /// servers and kill them with SIGKILL, which a supervised containerd would outlive.
     pub fn start(extra: &[&str]) -> Kube {
-        Kube::launch(extra, false, &[])
+        Kube::launch(extra, false, &[], |_| {})
     }
 
     /// A server that also runs its node agent (containerd and the kubelet): the caller stops
@@ -58,15 +58,33 @@ impl Kube {
         if !extra.contains(&"--kubelet-port") {
             args.extend(["--kubelet-port", &port]);
         }
-        Kube::launch(&args, true, env)
+        Kube::launch(&args, true, env, |_| {})
     }
 
-    fn launch(extra: &[&str], agent: bool, env: &[(&str, &str)]) -> Kube {
+    /// [`Kube::start_with_agent`] after `prepare` ran on the data dir (created, empty): a
+    /// test mounts a small file system of its own there.
+    pub fn start_with_agent_prepared(extra: &[&str], prepare: impl FnOnce(&Path)) -> Kube {
+        let port = free_port().to_string();
+        let mut args = extra.to_vec();
+        if !extra.contains(&"--kubelet-port") {
+            args.extend(["--kubelet-port", &port]);
+        }
+        Kube::launch(&args, true, &[], prepare)
+    }
+
+    fn launch(
+        extra: &[&str],
+        agent: bool,
+        env: &[(&str, &str)],
+        prepare: impl FnOnce(&Path),
+    ) -> Kube {
         let dir = tempfile::Builder::new()
             .prefix("sk")
             .tempdir_in("/tmp")
             .expect("tempdir");
         let data = dir.path().join("data");
+        std::fs::create_dir_all(&data).expect("data dir");
+        prepare(&data);
         let home = dir.path().join("home");
         std::fs::create_dir_all(&home).expect("home");
         let api_port = free_port();

@@ -72,6 +72,11 @@ impl Node {
 
     /// [`Node::start`] with more flags of `skerry server`.
     pub fn start_with(name: &str, extra: &[&str]) -> Node {
+        Node::start_prepared(name, extra, |_| {})
+    }
+
+    /// [`Node::start_with`] after `prepare` ran on the (empty) data dir.
+    pub fn start_prepared(name: &str, extra: &[&str], prepare: impl FnOnce(&Path)) -> Node {
         let cgroup_root = format!(
             "/skerry-test-{}-{}",
             std::process::id(),
@@ -88,7 +93,7 @@ impl Node {
             &port,
         ];
         args.extend(extra);
-        let kube = Kube::start_with_agent(&args, &[]);
+        let kube = Kube::start_with_agent_prepared(&args, prepare);
         Node {
             kube,
             name: name.to_string(),
@@ -190,11 +195,18 @@ impl Node {
     /// Builds the busybox image and imports it with `skerry images import` once the node
     /// (and so its containerd) is up.
     pub fn import_busybox(&self) {
-        let archive = self.kube.dir.path().join("busybox.tar");
-        build::busybox_image(Path::new(build::BUSYBOX), IMAGE)
-            .expect("image")
-            .write_oci_archive(&archive)
-            .expect("write");
+        self.import(&build::busybox_image(Path::new(build::BUSYBOX), IMAGE).expect("image"));
+    }
+
+    /// Imports the image `image` builds with `skerry images import` once the node (and so
+    /// its containerd) is up.
+    pub fn import(&self, image: &build::ImageBuilder) {
+        let archive = self
+            .kube
+            .dir
+            .path()
+            .join(format!("{}.tar", rand::random::<u32>()));
+        image.write_oci_archive(&archive).expect("write");
         self.wait_registered();
         let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
             .args(["images", "import", "--data-dir"])
@@ -348,6 +360,18 @@ pub fn cri_containers(socket: &Path, uid: &str) -> Vec<skerry_node::cri::api::Co
         }))
         .await
         .expect("ListContainers")
+    })
+}
+
+/// The CRI images on the containerd at `socket`.
+pub fn cri_images(socket: &Path) -> Vec<skerry_node::cri::api::Image> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let cri = skerry_node::cri::Cri::new(&socket.display().to_string()).expect("endpoint");
+        cri.list_images(None).await.expect("ListImages")
     })
 }
 

@@ -44,7 +44,7 @@ use skerry_api::pod::taints::{
 use skerry_client::events::object_reference;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::cri::{Cri, api};
 use crate::kubelet::Kubelet;
@@ -200,12 +200,19 @@ impl EvictionManager {
         loop {
             let outcome = self.synchronize().await;
             if matches!(outcome, Outcome::Evicted(..)) {
+                debug!(reason = "evicted", "eviction manager: woke");
                 continue;
             }
+            // The wake-ups are logged at debug, so that a benchmark counts them
+            // (`skerry-evictionbench`, `--log-level info,skerry_node::eviction=debug`).
             tokio::select! {
                 () = stop.cancelled() => return,
-                () = tokio::time::sleep(MONITORING_INTERVAL) => {}
-                () = notify.notified() => {}
+                () = tokio::time::sleep(MONITORING_INTERVAL) => {
+                    debug!(reason = "interval", "eviction manager: woke");
+                }
+                () = notify.notified() => {
+                    debug!(reason = "notified", "eviction manager: woke");
+                }
             }
         }
     }

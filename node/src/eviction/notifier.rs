@@ -527,6 +527,7 @@ impl MemoryThresholdNotifier {
             None => {
                 self.next_housekeeping = Instant::now() + self.interval;
                 self.wakeups.housekeeping.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(reason = "housekeeping", "memory threshold notifier: woke");
                 for e in self.arm() {
                     tracing::warn!(
                         "eviction manager: failed to update the memory threshold notifier: {e}"
