@@ -6,5 +6,6 @@
 
 pub mod apibench;
 pub mod check;
+pub mod nodebench;
 pub mod sim;
 pub mod torture;

@@ -27,17 +27,15 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use serde_json::{Value, json};
-use skerry_node::testing::remove_leftovers;
+use skerry_tests::nodebench::{IMAGE, Server, now_ns, percentile};
 
-const IMAGE: &str = "skerry.bench/busybox:1";
 const NODE: &str = "evictionbench-node";
-const KUBECTL: &str = "/usr/bin/kubectl";
 /// What `kubepods` may hold: the filler's pages fit below it, so the kernel's OOM killer never
 /// acts before the eviction manager.
 const KUBEPODS: u64 = 600 << 20;
@@ -68,92 +66,28 @@ struct Args {
     pods: usize,
 }
 
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
+/// The server's log, without the terminal colours tracing writes.
+fn server_log(server: &Server) -> String {
+    let raw = std::fs::read_to_string(server.dir.path().join("server.log")).unwrap_or_default();
+    strip_ansi(&raw)
 }
 
-struct Server {
-    child: Child,
-    dir: tempfile::TempDir,
-    cgroup_root: String,
-}
-
-impl Server {
-    fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-    fn log(&self) -> String {
-        let raw = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
-        strip_ansi(&raw)
-    }
-    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
-        let mut child = Command::new(KUBECTL)
-            .args(args)
-            .env("KUBECONFIG", self.data().join("admin.kubeconfig"))
-            .env("HOME", self.dir.path())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("run kubectl")?;
-        if let Some(text) = stdin {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .context("stdin")?
-                .write_all(text.as_bytes())?;
-        }
-        drop(child.stdin.take());
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-    fn pod_phase(&self, name: &str) -> Option<(String, String)> {
-        let out = self
-            .kubectl(&["get", "pod", name, "-o", "json"], None)
-            .ok()?;
-        let p: Value = serde_json::from_str(&out).ok()?;
-        Some((
-            p["status"]["phase"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            p["status"]["reason"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-        ))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(40);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        remove_leftovers(
-            &self.data().join("agent/run/containerd.sock"),
-            self.dir.path(),
-            &self.cgroup_root,
-        );
-    }
+/// A pod's phase and reason, `None` if it cannot be read.
+fn pod_phase(server: &Server, name: &str) -> Option<(String, String)> {
+    let out = server
+        .kubectl(&["get", "pod", name, "-o", "json"], None)
+        .ok()?;
+    let p: Value = serde_json::from_str(&out).ok()?;
+    Some((
+        p["status"]["phase"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        p["status"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    ))
 }
 
 /// The log without the terminal colours tracing writes.
@@ -233,90 +167,23 @@ fn working_set(cgroup_root: &str) -> Option<u64> {
     Some(usage.saturating_sub(inactive))
 }
 
+/// The benchmark's server: a `kubepods` of [`KUBEPODS`] (the rest of the machine reserved),
+/// the threshold [`THRESHOLD`], and the eviction manager's wake-ups logged.
 fn start(skerry: &Path) -> Result<Server> {
-    let dir = tempfile::Builder::new().prefix("skev").tempdir_in("/tmp")?;
-    let data = dir.path().join("data");
-    let cgroup_root = format!("/skerry-evbench-{}", std::process::id());
-    let port = || -> Result<u16> {
-        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port())
-    };
-    let reserved = format!("memory={}Ki", (mem_total()? - KUBEPODS) / 1024);
-    let child = Command::new(skerry)
-        .args(["server", "--data-dir"])
-        .arg(&data)
-        .args([
-            "--listen-client-urls",
-            &format!("http://127.0.0.1:{}", port()?),
-            "--bind-address",
-            "127.0.0.1",
-            "--secure-port",
-            &port()?.to_string(),
-            "--kubelet-port",
-            &port()?.to_string(),
-            "--hostname-override",
-            NODE,
-            "--cgroup-root",
-            &cgroup_root,
-            "--system-reserved",
-            &reserved,
-            // The build machine's disk is often past the default nodefs floor.
-            &format!(
-                "--eviction-hard=memory.available<{}Mi,nodefs.available<1%,imagefs.available<1%",
-                THRESHOLD >> 20
-            ),
-            "--eviction-pressure-transition-period",
-            "5s",
-            "--log-level",
-            "info,skerry_node::eviction=debug",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("server.log"))?)
-        .spawn()
-        .with_context(|| format!("start {}", skerry.display()))?;
-    let server = Server {
-        child,
-        dir,
-        cgroup_root,
-    };
-    let deadline = Instant::now() + ROUND_TIMEOUT;
-    loop {
-        if let Ok(n) = server.kubectl(&["get", "node", NODE, "-o", "json"], None) {
-            let n: Value = serde_json::from_str(&n)?;
-            let ready = n["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
-            if ready {
-                break;
-            }
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "node not Ready; see {}/server.log",
-                server.dir.path().display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    let archive = server.dir.path().join("busybox.tar");
-    skerry_node::images::build::busybox_image(
-        Path::new(skerry_node::images::build::BUSYBOX),
-        IMAGE,
-    )?
-    .write_oci_archive(&archive)?;
-    let out = Command::new(skerry)
-        .args(["images", "import", "--data-dir"])
-        .arg(&data)
-        .arg(&archive)
-        .output()?;
-    if !out.status.success() {
-        bail!("import: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(server)
+    let flags = [
+        "--system-reserved".to_string(),
+        format!("memory={}Ki", (mem_total()? - KUBEPODS) / 1024),
+        // The build machine's disk is often past the default nodefs floor.
+        format!(
+            "--eviction-hard=memory.available<{}Mi,nodefs.available<1%,imagefs.available<1%",
+            THRESHOLD >> 20
+        ),
+        "--eviction-pressure-transition-period".to_string(),
+        "5s".to_string(),
+        "--log-level".to_string(),
+        "info,skerry_node::eviction=debug".to_string(),
+    ];
+    Server::start(skerry, "evbench", NODE, &flags)
 }
 
 fn wait_until(what: &str, ok: impl Fn() -> bool) -> Result<()> {
@@ -345,7 +212,7 @@ fn eviction_round(server: &Server, i: usize) -> Result<(f64, f64, String)> {
                      dd if=/dev/zero of=/ram/b bs=1048576 count={FILL_CROSS_MIB}; exec sleep 3600")]}]}});
     server.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()))?;
     wait_until("the filler Running", || {
-        server.pod_phase(&name).is_some_and(|(p, _)| p == "Running")
+        pod_phase(server, &name).is_some_and(|(p, _)| p == "Running")
     })?;
     let limit = KUBEPODS - THRESHOLD;
     let deadline = Instant::now() + ROUND_TIMEOUT;
@@ -360,12 +227,11 @@ fn eviction_round(server: &Server, i: usize) -> Result<(f64, f64, String)> {
     };
     let key = format!("/{name} ");
     wait_until("the eviction decision", || {
-        server
-            .log()
+        server_log(server)
             .lines()
             .any(|l| l.contains("eviction manager: evicting pod") && l.contains(&key))
     })?;
-    let log = server.log();
+    let log = server_log(server);
     let lines: Vec<&str> = log.lines().collect();
     let at = lines
         .iter()
@@ -393,7 +259,7 @@ fn eviction_round(server: &Server, i: usize) -> Result<(f64, f64, String)> {
         .unwrap_or_else(|| "?".into());
     let reaction = (decided as f64 - crossed as f64) / 1e6;
     wait_until("the filler Failed", || {
-        server.pod_phase(&name).is_some_and(|(p, _)| p == "Failed")
+        pod_phase(server, &name).is_some_and(|(p, _)| p == "Failed")
     })?;
     server.kubectl(&["delete", "pod", &name, "--wait=true"], None)?;
     // The next round starts once the emptyDir's pages are gone.
@@ -402,14 +268,6 @@ fn eviction_round(server: &Server, i: usize) -> Result<(f64, f64, String)> {
     })?;
     std::thread::sleep(Duration::from_secs(2));
     Ok((reaction, pass_ms, woke))
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// CPU ticks (`utime+stime`) of a process.
@@ -477,11 +335,11 @@ fn at_rest(server: &Server, n: usize) -> Result<()> {
     // Let the start-up's work (status updates, the first stats) settle.
     std::thread::sleep(Duration::from_secs(15));
     let pid = server.child.id() as i32;
-    let before_log = server.log();
+    let before_log = server_log(server);
     let before = ticks(pid);
     std::thread::sleep(IDLE_WINDOW);
     let after = ticks(pid);
-    let log = server.log();
+    let log = server_log(server);
     let window = log.get(before_log.len()..).unwrap_or_default();
     // CLK_TCK is 100 on Linux.
     let cpu = (after - before) as f64 / IDLE_WINDOW.as_secs_f64();

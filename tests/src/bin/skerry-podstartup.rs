@@ -23,19 +23,16 @@
 use std::collections::BTreeMap;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use serde_json::{Value, json};
-use skerry_node::cni;
-use skerry_node::testing::remove_leftovers;
+use skerry_tests::nodebench::{IMAGE, KUBECTL, Server, now_ns, percentile};
 
-const IMAGE: &str = "skerry.bench/busybox:1";
 const NODE: &str = "bench-node";
-const KUBECTL: &str = "/usr/bin/kubectl";
 /// How long one round may take before the benchmark gives up: 30 pods on 2 cores take
 /// seconds; a minute means something is stuck.
 const ROUND_TIMEOUT: Duration = Duration::from_secs(120);
@@ -65,81 +62,6 @@ struct Moments {
     started: Option<u128>,
 }
 
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
-
-struct Server {
-    child: Child,
-    dir: tempfile::TempDir,
-    cgroup_root: String,
-}
-
-impl Server {
-    fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-    fn socket(&self) -> PathBuf {
-        self.data().join("agent/run/containerd.sock")
-    }
-    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
-        let mut c = Command::new(KUBECTL);
-        c.args(args)
-            .env("KUBECONFIG", self.data().join("admin.kubeconfig"))
-            .env("HOME", self.dir.path())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().context("run kubectl")?;
-        if let Some(text) = stdin {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .context("stdin")?
-                .write_all(text.as_bytes())?;
-        }
-        drop(child.stdin.take());
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(40);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        cleanup(&self.socket(), self.dir.path(), &self.cgroup_root);
-    }
-}
-
-/// What the run leaves behind (see `skerry_node::testing`), and the bridge the CNI plugins
-/// never delete.
-fn cleanup(socket: &Path, dir: &Path, cgroup_root: &str) {
-    remove_leftovers(socket, dir, cgroup_root);
-    let _ = Command::new("ip")
-        .args(["link", "del", cni::BRIDGE_DEFAULT])
-        .output();
-}
-
 fn pids() -> Vec<i32> {
     std::fs::read_dir("/proc")
         .into_iter()
@@ -154,79 +76,13 @@ fn cmdline(pid: i32) -> String {
         .replace('\0', " ")
 }
 
+/// The benchmark's server: default flags but a 1 % disk eviction floor.
 fn start(skerry: &Path) -> Result<Server> {
-    let dir = tempfile::Builder::new().prefix("skb").tempdir_in("/tmp")?;
-    let data = dir.path().join("data");
-    let cgroup_root = format!("/skerry-bench-{}", std::process::id());
-    let port = |_: ()| -> Result<u16> {
-        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port())
-    };
-    let child = Command::new(skerry)
-        .args(["server", "--data-dir"])
-        .arg(&data)
-        .args([
-            "--listen-client-urls",
-            &format!("http://127.0.0.1:{}", port(())?),
-            "--bind-address",
-            "127.0.0.1",
-            "--secure-port",
-            &port(())?.to_string(),
-            "--hostname-override",
-            NODE,
-            "--cgroup-root",
-            &cgroup_root,
-            // The build machine's disk is often past the default nodefs floor.
-            "--eviction-hard=memory.available<100Mi,nodefs.available<1%,imagefs.available<1%",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("server.log"))?)
-        .spawn()
-        .with_context(|| format!("start {}", skerry.display()))?;
-    let server = Server {
-        child,
-        dir,
-        cgroup_root,
-    };
-    let deadline = Instant::now() + ROUND_TIMEOUT;
-    loop {
-        let node = server.kubectl(&["get", "node", NODE, "-o", "json"], None);
-        if let Ok(n) = node {
-            let n: Value = serde_json::from_str(&n)?;
-            let ready = n["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
-            if ready {
-                break;
-            }
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "node not Ready; see {}/server.log",
-                server.dir.path().display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    let archive = server.dir.path().join("busybox.tar");
-    skerry_node::images::build::busybox_image(
-        Path::new(skerry_node::images::build::BUSYBOX),
-        IMAGE,
-    )?
-    .write_oci_archive(&archive)?;
-    let out = Command::new(skerry)
-        .args(["images", "import", "--data-dir"])
-        .arg(&data)
-        .arg(&archive)
-        .output()?;
-    if !out.status.success() {
-        bail!("import: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(server)
+    // The build machine's disk is often past the default nodefs floor.
+    let flags = [
+        "--eviction-hard=memory.available<100Mi,nodefs.available<1%,imagefs.available<1%".into(),
+    ];
+    Server::start(skerry, "podbench", NODE, &flags)
 }
 
 /// One round: `n` pods created by one `kubectl apply`, watched until all are Running.
@@ -336,14 +192,6 @@ fn cri_moments(socket: &Path, all: &mut BTreeMap<String, Moments>) -> Result<()>
         }
         anyhow::Ok(())
     })
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// One phase of a pod's start-up, in milliseconds.
