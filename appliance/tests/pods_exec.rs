@@ -8,11 +8,11 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::process::{Child, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::http_get;
 use common::kube::tail;
 use common::node::{IMAGE, Node, missing_prerequisite, running};
 use serde_json::Value;
@@ -240,7 +240,12 @@ fn kubectl_exec_cp_port_forward_and_attach_reach_the_container() {
     let first = lines.recv_timeout(FIRST_LINE_TIMEOUT);
     let mut answers = Vec::new();
     for _ in 0..2 {
-        answers.push(http_get(local_port, "/index.html"));
+        answers.push(http_get(
+            local_port,
+            "/index.html",
+            FIRST_LINE_TIMEOUT,
+            KUBECTL_TIMEOUT,
+        ));
     }
     let _ = forward.kill();
     let _ = forward.wait();
@@ -311,27 +316,5 @@ fn kubectl_exec_cp_port_forward_and_attach_reach_the_container() {
         }
         assert!(Instant::now() < deadline, "{}", text(&out.stderr));
         std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// One HTTP/1.0 GET to `127.0.0.1:port`, the whole answer (retried while the forward is not
-/// yet listening).
-fn http_get(port: u16, path: &str) -> Result<String, String> {
-    let deadline = Instant::now() + FIRST_LINE_TIMEOUT;
-    loop {
-        let attempt = (|| -> std::io::Result<String> {
-            let mut s = TcpStream::connect(("127.0.0.1", port))?;
-            s.set_read_timeout(Some(KUBECTL_TIMEOUT))?;
-            s.write_all(format!("GET {path} HTTP/1.0\r\nHost: web\r\n\r\n").as_bytes())?;
-            let mut answer = String::new();
-            s.read_to_string(&mut answer)?;
-            Ok(answer)
-        })();
-        match attempt {
-            Ok(a) if !a.is_empty() => return Ok(a),
-            Ok(_) if Instant::now() > deadline => return Err("empty answer".to_string()),
-            Err(e) if Instant::now() > deadline => return Err(e.to_string()),
-            _ => std::thread::sleep(Duration::from_millis(200)),
-        }
     }
 }

@@ -13,10 +13,10 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::http_get;
 use common::kube::tail;
 use common::node::{IMAGE, Node, missing_prerequisite, running};
 use serde_json::Value;
@@ -156,28 +156,6 @@ impl Node {
             tail(&self.kube.log())
         );
         serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
-    }
-}
-
-/// One HTTP/1.0 GET to `127.0.0.1:port`, the whole answer (retried while the forward is not
-/// yet listening).
-fn http_get(port: u16, path: &str) -> Result<String, String> {
-    let deadline = Instant::now() + CLIENT_TIMEOUT;
-    loop {
-        let attempt = (|| -> std::io::Result<String> {
-            let mut s = TcpStream::connect(("127.0.0.1", port))?;
-            s.set_read_timeout(Some(CLIENT_TIMEOUT))?;
-            s.write_all(format!("GET {path} HTTP/1.0\r\nHost: web\r\n\r\n").as_bytes())?;
-            let mut answer = String::new();
-            s.read_to_string(&mut answer)?;
-            Ok(answer)
-        })();
-        match attempt {
-            Ok(a) if !a.is_empty() => return Ok(a),
-            Ok(_) if Instant::now() > deadline => return Err("empty answer".to_string()),
-            Err(e) if Instant::now() > deadline => return Err(e.to_string()),
-            _ => std::thread::sleep(Duration::from_millis(200)),
-        }
     }
 }
 
@@ -379,7 +357,7 @@ fn spdy_python_idle_timeout_and_a_terminal() {
     .spawn()
     .expect("kubectl port-forward");
     let answers: Vec<_> = (0..2)
-        .map(|_| http_get(local_port, "/index.html"))
+        .map(|_| http_get(local_port, "/index.html", CLIENT_TIMEOUT, CLIENT_TIMEOUT))
         .collect();
     let _ = forward.kill();
     let _ = forward.wait();

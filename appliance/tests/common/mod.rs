@@ -274,3 +274,31 @@ fn spawn_log_reader(
         }
     })
 }
+
+/// One HTTP/1.0 GET to `127.0.0.1:port`, the whole answer, retried for `within` while
+/// nothing listens yet (a port-forward starting); each read waits at most `read_timeout`.
+pub fn http_get(
+    port: u16,
+    path: &str,
+    within: Duration,
+    read_timeout: Duration,
+) -> Result<String, String> {
+    use std::io::Write;
+    let deadline = Instant::now() + within;
+    loop {
+        let attempt = (|| -> std::io::Result<String> {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+            s.set_read_timeout(Some(read_timeout))?;
+            s.write_all(format!("GET {path} HTTP/1.0\r\nHost: web\r\n\r\n").as_bytes())?;
+            let mut answer = String::new();
+            s.read_to_string(&mut answer)?;
+            Ok(answer)
+        })();
+        match attempt {
+            Ok(a) if !a.is_empty() => return Ok(a),
+            Ok(_) if Instant::now() > deadline => return Err("empty answer".to_string()),
+            Err(e) if Instant::now() > deadline => return Err(e.to_string()),
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
