@@ -23,34 +23,6 @@ const NODE: &str = "agent-1";
 /// How long the agent gets to stop after SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The API URL of the admin kubeconfig the server wrote.
-fn api_url(kube: &Kube) -> String {
-    let text = std::fs::read_to_string(&kube.kubeconfig).expect("kubeconfig");
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix("server: "))
-        .expect("a server line")
-        .trim()
-        .trim_matches('"')
-        .to_string()
-}
-
-/// This machine's first global IPv4 address (what the agent's Node publishes and its serving
-/// certificate must name).
-fn host_ip() -> String {
-    let out = Command::new("ip")
-        .args(["-4", "-o", "addr", "show", "scope", "global"])
-        .output()
-        .expect("ip addr");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| {
-            let mut words = l.split_whitespace();
-            words.find(|w| *w == "inet")?;
-            words.next()?.split('/').next().map(str::to_string)
-        })
-        .expect("a global IPv4 address")
-}
-
 struct Agent {
     child: KilledOnDrop,
     dir: tempfile::TempDir,
@@ -103,8 +75,8 @@ fn an_agent_joins_a_control_plane_and_runs_its_pods() {
         return;
     }
     let kube = Kube::start(&[]);
-    let server = api_url(&kube);
-    let ip = host_ip();
+    let server = common::api_url(&kube);
+    let ip = common::host_ip();
     let creds = kube.dir.path().join("agent-creds");
     let data = kube.dir.path().join("data");
     let out = skerry(&[

@@ -94,33 +94,6 @@ impl Proxy {
     }
 }
 
-/// The API URL of the admin kubeconfig the server wrote.
-fn api_url(kube: &Kube) -> String {
-    let text = std::fs::read_to_string(&kube.kubeconfig).expect("kubeconfig");
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix("server: "))
-        .expect("a server line")
-        .trim()
-        .trim_matches('"')
-        .to_string()
-}
-
-/// This machine's first global IPv4 address (what the agent's Node publishes).
-fn host_ip() -> String {
-    let out = Command::new("ip")
-        .args(["-4", "-o", "addr", "show", "scope", "global"])
-        .output()
-        .expect("ip addr");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| {
-            let mut words = l.split_whitespace();
-            words.find(|w| *w == "inet")?;
-            words.next()?.split('/').next().map(str::to_string)
-        })
-        .expect("a global IPv4 address")
-}
-
 /// A running `skerry agent` (SIGTERM on drop).
 struct Agent {
     child: KilledOnDrop,
@@ -335,14 +308,14 @@ fn checkpointed_pods_run_without_the_api_and_the_api_replaces_them() {
         return;
     }
     let kube = Kube::start(&[]);
-    let server = api_url(&kube);
+    let server = common::api_url(&kube);
     let target: SocketAddr = server
         .strip_prefix("https://")
         .and_then(|a| a.parse().ok())
         .expect("an https://IP:port server");
     let proxy = Proxy::start(target);
     let via_proxy = format!("https://127.0.0.1:{}", proxy.port);
-    let ip = host_ip();
+    let ip = common::host_ip();
     let creds = kube.dir.path().join("agent-creds");
     let out = Command::new(env!("CARGO_BIN_EXE_skerry"))
         .args(["node-credentials", "--data-dir"])

@@ -302,3 +302,31 @@ pub fn http_get(
         }
     }
 }
+
+/// The API URL of the admin kubeconfig `kube`'s server wrote.
+pub fn api_url(kube: &kube::Kube) -> String {
+    let text = std::fs::read_to_string(&kube.kubeconfig).expect("kubeconfig");
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .expect("a server line")
+        .trim()
+        .trim_matches('"')
+        .to_string()
+}
+
+/// This machine's first global IPv4 address (what an agent's Node publishes and its serving
+/// certificate must name).
+pub fn host_ip() -> String {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .expect("ip addr");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let mut words = l.split_whitespace();
+            words.find(|w| *w == "inet")?;
+            words.next()?.split('/').next().map(str::to_string)
+        })
+        .expect("a global IPv4 address")
+}
