@@ -312,6 +312,8 @@ impl NodeArgs {
     pub fn validate(&self) -> Result<(), String> {
         self.reservations()?;
         self.eviction_config()?;
+        parse_reserved_memory(&self.reserved_memory)
+            .map_err(|e| format!("--reserved-memory: {e}"))?;
         LogPolicy::new(&self.container_log_max_size, self.container_log_max_files)
             .map_err(|e| e.to_string())?;
         Ok(())

@@ -298,12 +298,17 @@ fn bad_agent_flags_are_one_line_errors() {
 }
 
 #[test]
-fn a_bad_log_policy_stops_the_server_at_start() {
+fn a_bad_node_flag_stops_the_server_at_start() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data").display().to_string();
     for (flag, value, said) in [
         ("--container-log-max-files", "1", "must be > 1"),
         ("--container-log-max-size", "junk", "invalid quantity"),
+        (
+            "--reserved-memory",
+            "0:memory=junk",
+            "failed to parse memory quantity",
+        ),
     ] {
         let out = skerry(&["server", "--data-dir", &data, flag, value]);
         assert!(!out.status.success(), "{flag} {value} was taken");
