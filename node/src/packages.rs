@@ -1,6 +1,7 @@
 //! What a node needs from its distribution before it can run a pod, and which of it is
 //! missing: containerd and its runc shim, runc, the CNI plugins the pod network is made of,
-//! and catatonit, the static init the pause image is built from. A box without them still
+//! catatonit, the static init the pause image is built from, and `nft`, which the node's
+//! network (`skerry-net`: the service proxy, the egress masquerade) programs the kernel with. A box without them still
 //! serves the control plane; the node agent registers the Node NotReady with the reason, and
 //! `skerry server` prints one line naming the Debian packages to install
 //! (`scripts/node-packages` installs them, as `.ci/run` does).
@@ -18,6 +19,9 @@ pub const CNI_PLUGINS: &[&str] = &["bridge", "host-local", "loopback", "portmap"
 pub const CNI_PACKAGE: &str = "containernetworking-plugins";
 /// The Debian package of catatonit.
 pub const CATATONIT_PACKAGE: &str = "catatonit";
+/// The binaries the node's network runs, with their Debian packages: `nft` applies the service
+/// proxy's and the masquerade's rules, one transaction per sync.
+pub const NETWORK_BINARIES: &[(&str, &str)] = &[("nft", "nftables")];
 
 /// Every Debian package a node needs, in install order (`scripts/node-packages` names the
 /// same list; a test keeps the two in step).
@@ -29,6 +33,7 @@ pub fn all() -> Vec<&'static str> {
         }
     }
     packages.extend([CNI_PACKAGE, CATATONIT_PACKAGE]);
+    packages.extend(NETWORK_BINARIES.iter().map(|(_, package)| *package));
     packages
 }
 
@@ -69,6 +74,11 @@ fn missing_with(
     if !catatonit() {
         add(CATATONIT_PACKAGE);
     }
+    for (binary, package) in NETWORK_BINARIES {
+        if !on_path(binary) {
+            add(package);
+        }
+    }
     missing
 }
 
@@ -90,13 +100,24 @@ mod tests {
     fn each_missing_piece_names_its_package_once() {
         assert!(missing_with(|_| true, |_| true, || true).is_empty());
         assert_eq!(
-            missing_with(|b| b == "runc", |_| true, || true),
+            missing_with(|b| b == "runc" || b == "nft", |_| true, || true),
             vec!["containerd"],
             "containerd and its shim are one package"
         );
         assert_eq!(
             missing_with(|_| false, |p| p != "portmap", || false),
-            vec!["containerd", "runc", CNI_PACKAGE, CATATONIT_PACKAGE]
+            vec![
+                "containerd",
+                "runc",
+                CNI_PACKAGE,
+                CATATONIT_PACKAGE,
+                "nftables"
+            ]
+        );
+        assert_eq!(
+            missing_with(|b| b != "nft", |_| true, || true),
+            vec!["nftables"],
+            "no service routes without nft"
         );
     }
 
