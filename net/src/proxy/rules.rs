@@ -47,6 +47,8 @@ pub const REJECT_CHAIN: &str = "reject-chain";
 pub const MARK_MASQ: &str = "mark-for-masquerade";
 /// Masquerades marked packets in postrouting (upstream `masqueradingChain`).
 pub const MASQUERADING: &str = "masquerading";
+/// The base chain of DNAT for arriving traffic (upstream's `nat-prerouting`).
+pub const NAT_PREROUTING: &str = "nat-prerouting";
 /// One element, the number of the last sync: the cheap drift check (see `sync.rs`). skerry's
 /// own; upstream does not check for drift.
 pub const SYNC_GENERATION: &str = "sync-generation";

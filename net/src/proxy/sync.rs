@@ -9,8 +9,8 @@
 //!   Services that changed since the last sync.
 //!
 //! Drift is detected cheaply (skerry's own; upstream does not look): the table holds a
-//! one-element set, `sync-generation`, with the number of the last sync, and the `services`
-//! chain holds the dispatch rule. Before a partial sync one small `nft list` of those two
+//! one-element set, `sync-generation`, with the number of the last sync, and the
+//! `nat-prerouting` chain holds its jump to `services`. Before a partial sync one small `nft list` of those two
 //! objects (constant size, whatever the number of Services) checks both; a flushed or deleted
 //! table, a flushed chain or an edited generation turns the sync into a full one. The partial
 //! transaction itself deletes the old generation element, so a table changed between the
@@ -29,7 +29,7 @@ use super::model::{
     Endpoint, Family, Protocol, ServiceName, ServicePorts, SliceInfo, service_ports, slice_info,
 };
 use super::rules::{
-    PREFIX_AFFINITY, RuleConfig, SERVICE_IPS, SERVICES_CHAIN, SYNC_GENERATION, Script,
+    NAT_PREROUTING, PREFIX_AFFINITY, RuleConfig, SERVICES_CHAIN, SYNC_GENERATION, Script,
     ServiceRules, TABLE, service_rules,
 };
 
@@ -298,11 +298,13 @@ impl Syncer {
             return true;
         };
         let t = format!("{} {TABLE}", self.family.nft());
-        let script = format!("list set {t} {SYNC_GENERATION}\nlist chain {t} {SERVICES_CHAIN}\n");
+        // `list chain` of a chain whose rules name a map cannot print them (nft lists the
+        // chain without its table's sets), so the check reads the jump in `nat-prerouting`.
+        let script = format!("list set {t} {SYNC_GENERATION}\nlist chain {t} {NAT_PREROUTING}\n");
         match self.nft.run(&script) {
             Ok(out) => {
                 let element = format!("{generation:#010x}");
-                let ok = out.contains(&element) && out.contains(&format!("vmap @{SERVICE_IPS}"));
+                let ok = out.contains(&element) && out.contains(&format!("jump {SERVICES_CHAIN}"));
                 if !ok {
                     warn!(family = ?self.family, "the proxy's table has drifted: full resync");
                 }
