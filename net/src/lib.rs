@@ -11,3 +11,4 @@
 //! - the built-in service load balancer (no cloud on an appliance);
 //! - cluster DNS served from informer caches.
 pub mod proxy;
+pub mod dns;
