@@ -877,7 +877,12 @@ fn binding(role: &str, subjects: Vec<Subject>) -> ClusterRoleBinding {
     }
 }
 
-/// Kubernetes' default ClusterRoleBindings for [`cluster_roles`], each named for its role.
+/// The binding that gives every node kube-proxy's role (`system:node-proxier`: Services,
+/// EndpointSlices and Nodes read, events written), for the network it runs.
+pub const NODE_NETWORK_BINDING: &str = "skerry:node-network";
+
+/// Kubernetes' default ClusterRoleBindings for [`cluster_roles`], each named for its role
+/// (and skerry's [`NODE_NETWORK_BINDING`]).
 pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
     let group = |name: &str| user_subject("Group", name);
     let user = |name: &str| user_subject("User", name);
@@ -914,6 +919,16 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
             vec![group(super::serviceaccount::GROUP_ALL)],
         ),
     ];
+    // skerry's own: every node runs the network (`skerry-net`: the service proxy, routes,
+    // cluster DNS) in the node agent's process with the node's credentials, so the nodes get
+    // kube-proxy's read-only role, as a k3s agent's kube-proxy has it under a certificate of
+    // its own.
+    let mut network = binding(
+        "system:node-proxier",
+        vec![group(crate::node_authz::NODES_GROUP)],
+    );
+    network.metadata.name = Some(NODE_NETWORK_BINDING.to_string());
+    bindings.push(network);
     for controller in CONTROLLERS {
         bindings.push(binding(
             &format!("{CONTROLLER_ROLE_PREFIX}{controller}"),
@@ -1014,6 +1029,31 @@ mod tests {
         );
         assert!(aggregate_to_edit().iter().all(|r| edit.contains(r)));
         assert!(admin.len() > edit.len() && edit.len() > view.len());
+    }
+
+    #[test]
+    fn nodes_read_what_their_network_needs_and_write_no_service() {
+        let policy = RbacSnapshot::bootstrap();
+        let node = UserInfo::authenticated(
+            "system:node:a",
+            "",
+            vec![crate::node_authz::NODES_GROUP.into()],
+        );
+        let other = UserInfo::authenticated("someone", "", Vec::new());
+        let can = |user: &UserInfo, verb: &str, group: &str, resource: &str| {
+            authorize(
+                &Attributes::resource(user.clone(), verb, group, resource, "", ""),
+                &policy,
+            )
+            .allowed
+        };
+        for verb in ["list", "watch"] {
+            assert!(can(&node, verb, "discovery.k8s.io", "endpointslices"));
+            assert!(can(&node, verb, "", "services"));
+            assert!(!can(&other, verb, "discovery.k8s.io", "endpointslices"));
+        }
+        assert!(!can(&node, "create", "", "services"));
+        assert!(!can(&node, "update", "discovery.k8s.io", "endpointslices"));
     }
 
     #[test]
