@@ -126,7 +126,7 @@ pub fn node_credentials(args: NodeCredentialsArgs) -> Result<()> {
 
 /// `skerry agent`: runs the node agent until SIGTERM or Ctrl-C, then stops the kubelet and
 /// its containerd (the pods' containers keep running, as with the upstream kubelet).
-pub fn agent(args: AgentArgs) -> Result<()> {
+pub fn agent(mut args: AgentArgs) -> Result<()> {
     if args.node.disable_agent {
         bail!(
             "--disable-agent: `skerry agent` is the node agent; run `skerry server` for the control plane alone"
@@ -139,6 +139,10 @@ pub fn agent(args: AgentArgs) -> Result<()> {
         );
     }
     args.node.validate().map_err(anyhow::Error::msg)?;
+    // The cluster DNS of a server with the default Service range, unless named.
+    if args.node.cluster_dns.is_empty() && !args.node.disable_network {
+        args.node.cluster_dns = vec![skerry_net::dns::DEFAULT_CLUSTER_DNS_IP];
+    }
     let credentials = AgentCredentials::read(
         &args.server,
         &args.kubeconfig,

@@ -85,7 +85,7 @@ pub fn start(
     let controllers_config = skerry_controllers::manager::ManagerConfig {
         node_ipam: skerry_controllers::nodeipam::NodeIpamConfig::parse(
             args.allocate_node_cidrs,
-            &args.cluster_cidr,
+            &args.node.cluster_cidr,
             args.node_cidr_mask_size,
             Some(&args.service_cluster_ip_range),
         )
@@ -140,6 +140,30 @@ pub fn start(
         CONTROLLER_MANAGER_USER,
         CONTROLLER_MANAGER_GROUP,
     )?;
+    // The network's control-plane half (the kube-dns Service and its EndpointSlice of the
+    // nodes serving DNS), run where this member's own network runs.
+    let network = match (args.node.disable_network, args.node.cluster_dns.first()) {
+        (false, Some(ip)) => {
+            let client = local_client(
+                &pki,
+                &local_url,
+                NETWORK_CONTROLLERS_USER,
+                Some(crate::pki::ADMIN_GROUP),
+                (
+                    skerry_controllers::manager::CONTROLLER_QPS,
+                    skerry_controllers::manager::CONTROLLER_BURST,
+                ),
+            )?;
+            let mut dns = skerry_net::dns::DnsConfig::new(
+                Vec::new(),
+                &format!("{}_{:016x}", args.name, rand_suffix()),
+            );
+            dns.cluster_dns_ip = *ip;
+            dns.cluster_domain = args.node.cluster_domain.clone();
+            Some((client, dns))
+        }
+        _ => None,
+    };
     let started_pki = pki.clone();
     let started_url = local_url.clone();
     let task = tokio::spawn(async move {
@@ -165,12 +189,24 @@ pub fn start(
             scheduler_identity,
             controllers.clone(),
         ));
+        let network = network.map(|(client, dns)| {
+            tokio::spawn(skerry_net::dns::run_service_controller(
+                client,
+                dns,
+                controllers.clone(),
+            ))
+        });
         let (serve_stop_tx, serve_stop) = watch::channel(false);
         let mut stop = stop;
         tokio::spawn(async move {
             let _ = stop.wait_for(|s| *s).await;
             controllers.cancel();
-            let stopped = futures::future::join(manager, scheduler);
+            let network = async move {
+                if let Some(task) = network {
+                    let _ = task.await;
+                }
+            };
+            let stopped = futures::future::join3(manager, scheduler, network);
             if tokio::time::timeout(CONTROLLERS_STOP_TIMEOUT, stopped)
                 .await
                 .is_err()
@@ -191,6 +227,10 @@ pub fn start(
 /// The controller manager's own user: it reads through the shared informers and holds the
 /// Lease; the bootstrap RBAC policy binds it to `system:kube-controller-manager`.
 const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
+/// The user of the network's control-plane controllers (the kube-dns Service, the service
+/// load balancer), in `system:masters`: they write Services, their status and EndpointSlices
+/// in any namespace, as k3s's embedded controllers do with its admin credentials.
+const NETWORK_CONTROLLERS_USER: &str = "system:skerry-network";
 /// The scheduler's user; the bootstrap RBAC policy binds it to `system:kube-scheduler`.
 const SCHEDULER_USER: &str = "system:kube-scheduler";
 /// kube-scheduler's `--kube-api-qps` default: binds and status writes, 50 a second...

@@ -19,6 +19,7 @@ mod fdlimit;
 mod http;
 mod kube;
 mod kubeconfig;
+mod network;
 mod node;
 mod pki;
 mod tls;
@@ -187,10 +188,6 @@ struct ServerArgs {
     #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true",
           action = clap::ArgAction::Set)]
     allocate_node_cidrs: bool,
-    /// The pods' addresses, cluster-wide (kube-controller-manager's flag; k3s's default);
-    /// an IPv4 and an IPv6 range, comma-separated, for dual stack.
-    #[arg(long, default_value = skerry_controllers::nodeipam::CLUSTER_CIDR_DEFAULT)]
-    cluster_cidr: String,
     /// The prefix length of each node's pod range [default: 24 for IPv4, 64 for IPv6].
     #[arg(long)]
     node_cidr_mask_size: Option<u8>,
@@ -450,9 +447,16 @@ fn init_logging(level: &str) -> Result<()> {
     Ok(())
 }
 
-fn server(args: ServerArgs) -> Result<()> {
+fn server(mut args: ServerArgs) -> Result<()> {
     // The node's flags are checked before anything starts, as the kubelet refuses bad ones.
     args.node.validate().map_err(anyhow::Error::msg)?;
+    // Pods resolve through the cluster DNS each node serves, at the `.10` of the Service
+    // range, unless the node's network is off or another address is named.
+    if args.node.cluster_dns.is_empty() && !args.node.disable_network {
+        args.node.cluster_dns = network::cluster_dns_of(&args.service_cluster_ip_range)
+            .into_iter()
+            .collect();
+    }
     init_logging(&args.log_level)?;
     match fdlimit::raise_open_file_limit() {
         Ok(fdlimit::Raised::From(soft, hard)) => {

@@ -88,6 +88,18 @@ pub struct NodeArgs {
     /// The cluster's DNS domain.
     #[arg(long, default_value = "cluster.local")]
     pub cluster_domain: String,
+    /// The pods' addresses, cluster-wide (kube-controller-manager's and kube-proxy's flag;
+    /// k3s's default): an IPv4 and an IPv6 range, comma-separated, for dual stack. Traffic
+    /// from them to outside them is masqueraded.
+    #[arg(long, default_value = skerry_controllers::nodeipam::CLUSTER_CIDR_DEFAULT)]
+    pub cluster_cidr: String,
+    /// Leave the node's network off: no pod routes, service proxy or cluster DNS on this
+    /// node (for a box whose network another program runs).
+    #[arg(long)]
+    pub disable_network: bool,
+    /// Where the service proxy serves its metrics (kube-proxy's `--metrics-bind-address`).
+    #[arg(long, default_value = crate::network::PROXY_METRICS_DEFAULT)]
+    pub proxy_metrics_bind_address: Option<std::net::SocketAddr>,
     /// Most pods this node runs (the kubelet's default).
     #[arg(long, default_value_t = 110)]
     pub max_pods: u32,
@@ -710,6 +722,17 @@ pub async fn start(
         let _ = stop_rx.wait_for(|s| *s).await;
         token.cancel();
     });
+    crate::network::start(
+        crate::network::NetworkContext {
+            args,
+            client: client.clone(),
+            node_name: node_name.clone(),
+            node_ip,
+            resolv_conf: config.resolv_conf.clone(),
+        },
+        stop.clone(),
+    )
+    .await;
     // Without a runtime only the Node and its Lease are kept: the kubelet has nothing to run
     // pods with, and its API nothing to serve.
     let kubelet = cri.map(|cri| {

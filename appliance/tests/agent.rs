@@ -132,6 +132,8 @@ fn an_agent_joins_a_control_plane_and_runs_its_pods() {
         &cgroup_root,
         "--kubelet-port",
         &kubelet_port,
+        // Beside other tests' servers in the host's network namespace (see common/kube.rs).
+        "--disable-network",
         "--eviction-hard=memory.available<100Mi,nodefs.available<1%,imagefs.available<1%",
     ]
     .map(str::to_string);

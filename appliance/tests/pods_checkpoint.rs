@@ -361,6 +361,8 @@ fn checkpointed_pods_run_without_the_api_and_the_api_replaces_them() {
         cgroup_root.clone(),
         "--kubelet-port".into(),
         free_port().to_string(),
+        // Beside other tests' servers in the host's network namespace (see common/kube.rs).
+        "--disable-network".into(),
         "--eviction-hard=memory.available<100Mi,nodefs.available<1%,imagefs.available<1%".into(),
     ];
     let host = Box_ {

@@ -73,6 +73,8 @@ impl Server {
                 node,
                 "--cgroup-root",
                 &cgroup_root,
+                // Pod start-up and eviction are measured without the network's own work.
+                "--disable-network",
             ])
             .args(flags)
             .stdin(Stdio::null())

@@ -102,6 +102,10 @@ impl Kube {
                 &api_port.to_string(),
             ])
             .args((!agent).then_some("--disable-agent"))
+            // Tests run many servers in the host's one network namespace: their networks
+            // would share one nftables table and port 53. The network is tested in
+            // namespaces of its own (`common/boxes.rs`).
+            .args(agent.then_some("--disable-network"))
             // The node's disk is the build machine's, often past the kubelet's default
             // `nodefs.available<10%` (target dirs): DiskPressure would taint the node and no
             // pod would schedule. The tests keep memory's default and a 1 % disk floor.
