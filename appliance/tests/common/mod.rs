@@ -9,6 +9,7 @@
     reason = "each test binary uses a different subset of these helpers"
 )]
 
+pub mod boxes;
 pub mod kube;
 pub mod node;
 
