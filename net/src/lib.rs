@@ -10,3 +10,6 @@
 //! - a userspace proxy for NodePorts on localhost, which nftables cannot reach (#33);
 //! - the built-in service load balancer (no cloud on an appliance);
 //! - cluster DNS served from informer caches.
+
+pub mod localhost;
+pub mod servicelb;
