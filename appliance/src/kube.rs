@@ -82,6 +82,9 @@ pub fn start(
         .port();
     let service_cidr = ServiceCidr::parse(&args.service_cluster_ip_range)
         .map_err(|e| anyhow::anyhow!("--service-cluster-ip-range: {e}"))?;
+    let node_port_range =
+        skerry_apiserver::portalloc::PortRange::parse(&args.service_node_port_range)
+            .map_err(|e| anyhow::anyhow!("--service-node-port-range: {e}"))?;
     let controllers_config = skerry_controllers::manager::ManagerConfig {
         node_ipam: skerry_controllers::nodeipam::NodeIpamConfig::parse(
             args.allocate_node_cidrs,
@@ -117,6 +120,7 @@ pub fn start(
         token_issuer: Some(issuer),
         compaction_interval: Some(compactor::COMPACTION_INTERVAL),
         service_cidr,
+        node_port_range,
         // The controllers' workqueues (kube-controller-manager serves these on its own port).
         extra_metrics: Some(Arc::new(skerry_client::workqueue::metrics::encode_text)),
         kubelet_client: Some(kubelet_client(&pki)?),

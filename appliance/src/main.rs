@@ -183,6 +183,10 @@ struct ServerArgs {
     /// The range Services get ClusterIPs from (kube-apiserver's flag; kubeadm's default).
     #[arg(long, default_value = skerry_apiserver::ipalloc::SERVICE_CIDR_DEFAULT)]
     service_cluster_ip_range: String,
+    /// The range NodePort and LoadBalancer Services get node ports from (kube-apiserver's
+    /// flag and default): `min-max`.
+    #[arg(long, default_value = skerry_apiserver::portalloc::NODE_PORT_RANGE_DEFAULT)]
+    service_node_port_range: String,
     /// Give every Node a pod range carved from --cluster-cidr (kube-controller-manager's
     /// flag; on by default, as k3s): `--allocate-node-cidrs=false` leaves podCIDRs to others.
     #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true",

@@ -11,5 +11,7 @@
 //! - the built-in service load balancer (no cloud on an appliance);
 //! - cluster DNS served from informer caches.
 pub mod dns;
+pub mod localhost;
 pub mod proxy;
 pub mod routes;
+pub mod servicelb;

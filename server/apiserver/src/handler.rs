@@ -97,6 +97,8 @@ pub struct ApiServer {
     pub token_issuer: Option<crate::auth::serviceaccount::TokenIssuer>,
     /// Where Services get their ClusterIPs.
     pub service_cidr: crate::ipalloc::ServiceCidr,
+    /// Where NodePort and LoadBalancer Services get their node ports.
+    pub node_port_range: crate::portalloc::PortRange,
     /// Leases for Events (their time to live).
     pub event_leases: crate::leases::LeaseManager,
     /// More `/metrics` text from the rest of the process.
@@ -127,6 +129,8 @@ pub struct Config {
     pub compaction_interval: Option<std::time::Duration>,
     /// `--service-cluster-ip-range`.
     pub service_cidr: crate::ipalloc::ServiceCidr,
+    /// `--service-node-port-range`.
+    pub node_port_range: crate::portalloc::PortRange,
     /// More metrics for `/metrics`, in the OpenMetrics text format (the process's other
     /// components: the controllers' workqueues). Called on every scrape.
     pub extra_metrics: Option<ExtraMetrics>,
@@ -186,6 +190,7 @@ impl ApiServer {
             metrics: crate::metrics::Metrics::new(),
             token_issuer: config.token_issuer,
             service_cidr: config.service_cidr,
+            node_port_range: config.node_port_range,
             event_leases: crate::leases::LeaseManager::new(crate::leases::EVENT_TTL),
             extra_metrics: config.extra_metrics,
             kubelet_client: config.kubelet_client,

@@ -112,8 +112,12 @@ impl std::fmt::Display for ServiceCidr {
 /// Picks a free offset: a random start in the upper band, scanning upwards (wrapping within
 /// the band) to the first offset not in `used`; then the same in the static band.
 pub fn pick(cidr: &ServiceCidr, used: &BTreeSet<u32>, rng: &mut impl Rng) -> Option<u32> {
-    let size = cidr.size();
-    let lower = cidr.static_band();
+    pick_offset(cidr.size(), cidr.static_band(), used, rng)
+}
+
+/// The scan [`pick`] runs, over any range of `size` offsets whose first `lower` are the
+/// static band: the NodePort allocator ([`crate::portalloc`]) shares it.
+pub fn pick_offset(size: u32, lower: u32, used: &BTreeSet<u32>, rng: &mut impl Rng) -> Option<u32> {
     let bands = [(lower, size), (0, lower)];
     for (start, end) in bands {
         if start >= end {

@@ -36,6 +36,7 @@ pub mod noderestriction;
 pub mod openapi;
 pub mod podexec;
 pub mod podlogs;
+pub mod portalloc;
 pub mod rbac_cache;
 pub mod request;
 pub mod response;

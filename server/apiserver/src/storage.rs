@@ -657,34 +657,99 @@ pub async fn update_leased(
     resource: &ResourceInfo,
     namespace: Option<&str>,
     name: &str,
-    mut value: Value,
+    value: Value,
     expected_resource_version: i64,
     lease: i64,
 ) -> Result<Value, WriteError> {
+    let at = Revisions {
+        expected: expected_resource_version,
+        lease,
+    };
+    update_claiming(store, resource, namespace, name, value, at, &[], &[]).await
+}
+
+/// The revision an update is conditional on and the lease its value rides.
+#[derive(Clone, Copy, Debug)]
+pub struct Revisions {
+    /// The `mod_revision` the object must still be at.
+    pub expected: i64,
+    /// The store lease to attach the value to (0 for none).
+    pub lease: i64,
+}
+
+/// [`update_leased`] that, in the same transaction, creates the `claims` (which must not
+/// exist yet) and deletes the `releases` (which the object held): a Service whose node
+/// ports change claims the new ones and gives back the old ones in the write that changes
+/// them. A claim held by someone else fails the whole write with
+/// [`WriteError::ClaimTaken`].
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the object's address, its value and the three parts of the transaction"
+)]
+pub async fn update_claiming(
+    store: &Store,
+    resource: &ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
+    mut value: Value,
+    at: Revisions,
+    claims: &[(String, Bytes)],
+    releases: &[String],
+) -> Result<Value, WriteError> {
     let key = Bytes::from(resource.key(namespace, name));
     let bytes = Bytes::from(encode_for_store(&mut value));
+    let mut compares = vec![compare(
+        &key,
+        CompareTarget::Mod,
+        CompareResult::Equal,
+        TargetUnion::ModRevision(at.expected),
+    )];
+    let mut success = vec![RequestOp {
+        request: Some(request_op::Request::RequestPut(PutRequest {
+            key: key.clone(),
+            value: bytes,
+            lease: at.lease,
+            ..Default::default()
+        })),
+    }];
+    for (claim, claim_value) in claims {
+        let claim = Bytes::from(claim.clone());
+        compares.push(compare(
+            &claim,
+            CompareTarget::Create,
+            CompareResult::Equal,
+            TargetUnion::CreateRevision(0),
+        ));
+        success.push(RequestOp {
+            request: Some(request_op::Request::RequestPut(PutRequest {
+                key: claim,
+                value: claim_value.clone(),
+                ..Default::default()
+            })),
+        });
+    }
+    success.extend(releases.iter().map(|k| RequestOp {
+        request: Some(request_op::Request::RequestDeleteRange(
+            DeleteRangeRequest {
+                key: Bytes::from(k.clone()),
+                ..Default::default()
+            },
+        )),
+    }));
     let resp = store
         .txn(TxnRequest {
-            compare: vec![compare(
-                &key,
-                CompareTarget::Mod,
-                CompareResult::Equal,
-                TargetUnion::ModRevision(expected_resource_version),
-            )],
-            success: vec![RequestOp {
-                request: Some(request_op::Request::RequestPut(PutRequest {
-                    key: key.clone(),
-                    value: bytes,
-                    lease,
-                    ..Default::default()
-                })),
-            }],
+            compare: compares,
+            success,
             failure: vec![get_op(&key)],
         })
         .await
         .map_err(store_error)?;
     if !resp.succeeded {
         return match read_back(&resp)? {
+            Some(current) if current.resource_version() == at.expected && !claims.is_empty() => {
+                let taken = claims.first().map(|(k, _)| k.clone()).unwrap_or_default();
+                Err(WriteError::ClaimTaken { key: taken })
+            }
             Some(current) => Err(WriteError::Conflict { current }),
             None => Err(WriteError::NotFound),
         };

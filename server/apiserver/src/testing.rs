@@ -141,6 +141,7 @@ impl TestServer {
                 // No compactor: tests compact the store themselves when they mean to.
                 compaction_interval: None,
                 service_cidr,
+                node_port_range: Default::default(),
                 extra_metrics: None,
                 kubelet_client: None,
                 service_account_admission,

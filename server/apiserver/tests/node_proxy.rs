@@ -207,6 +207,7 @@ async fn fixture() -> Fixture {
             token_issuer: None,
             compaction_interval: None,
             service_cidr,
+            node_port_range: Default::default(),
             extra_metrics: None,
             kubelet_client: Some(kubelet_client),
             service_account_admission: false,

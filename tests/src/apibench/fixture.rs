@@ -192,6 +192,7 @@ impl Harness {
                 // No compactor: a round in the middle of a measurement would be noise.
                 compaction_interval: None,
                 service_cidr,
+                node_port_range: Default::default(),
                 extra_metrics: None,
                 kubelet_client: None,
                 service_account_admission: false,

@@ -135,6 +135,9 @@ pub struct Allocation {
     pub if_taken: Option<ApiError>,
     /// What is allocated, for the error once every attempt lost its race (`a serviceIP`).
     pub what: &'static str,
+    /// On an update: the claim keys the object no longer holds, deleted in the same
+    /// transaction (a NodePort Service turned ClusterIP). Empty on a create.
+    pub releases: Vec<String>,
 }
 
 /// One resource's rules. Every hook has Kubernetes' default; a strategy overrides the few
@@ -176,6 +179,20 @@ pub trait Strategy: Sync {
     }
 
     // ----- update (`RESTUpdateStrategy`) -----
+
+    /// What an update claims and releases in its transaction (Kubernetes' Service storage
+    /// allocates in `BeginUpdate`): `new` with what was allocated written in, after
+    /// validation. Called again for each attempt. `None`: nothing claimed or released.
+    fn allocate_update(
+        &self,
+        _server: &ApiServer,
+        _ctx: &Ctx<'_>,
+        _name: &str,
+        _old: &Value,
+        _new: &Value,
+    ) -> Result<Option<Allocation>, ApiError> {
+        Ok(None)
+    }
 
     /// `AllowCreateOnUpdate`: whether a PUT of an object that does not exist creates it
     /// (otherwise 404). No resource skerry serves allows it yet: Kubernetes' Service,

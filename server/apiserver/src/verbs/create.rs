@@ -18,7 +18,7 @@ use crate::watch_cache::object::CachedObject;
 /// Attempts at storing an object whose allocation was taken by a concurrent create between
 /// reading the claims and writing: each attempt allocates again from fresh claims, so two
 /// almost always suffice; the bound stops a pathological race from spinning.
-const ALLOCATION_ATTEMPTS_MAX: usize = 8;
+pub(super) const ALLOCATION_ATTEMPTS_MAX: usize = 8;
 
 pub(super) async fn create(
     server: &ApiServer,

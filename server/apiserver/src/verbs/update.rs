@@ -231,22 +231,53 @@ pub(super) async fn write_update_as(
         Some(leases) => leases.lease(&server.store).await?,
         None => 0,
     };
-    let stored = server
-        .timed(
-            "update",
-            resource,
-            storage::update_leased(
-                &server.store,
-                resource,
-                ctx.namespace,
-                &name,
-                new,
-                old.resource_version(),
-                lease,
-            ),
-        )
-        .await?;
+    let at = storage::Revisions {
+        expected: old.resource_version(),
+        lease,
+    };
+    let stored = store_update(server, &ctx, strategy, &name, old, new, at).await?;
     Ok((stored, warnings))
+}
+
+/// The compare-and-swap write of an update, with what the strategy claims and releases in
+/// the same transaction (allocating again when a concurrent write took a claim first, as a
+/// create does).
+async fn store_update(
+    server: &ApiServer,
+    ctx: &Ctx<'_>,
+    strategy: &dyn Strategy,
+    name: &str,
+    old: &CachedObject,
+    new: Value,
+    at: storage::Revisions,
+) -> Result<Value, WriteError> {
+    let resource = ctx.resource;
+    let mut what = "";
+    for _ in 0..create::ALLOCATION_ATTEMPTS_MAX {
+        let (object, claims, releases) =
+            match strategy.allocate_update(server, ctx, name, old.value(), &new)? {
+                Some(a) => (a.object, a.claims, a.releases),
+                None => (new.clone(), Vec::new(), Vec::new()),
+            };
+        let write = storage::update_claiming(
+            &server.store,
+            resource,
+            ctx.namespace,
+            name,
+            object,
+            at,
+            &claims,
+            &releases,
+        );
+        match server.timed("update", resource, write).await {
+            Err(WriteError::ClaimTaken { .. }) => what = "a claimed value",
+            stored => return stored,
+        }
+    }
+    Err(WriteError::Api(ApiError::internal(format!(
+        "failed to allocate {what} after {} attempts",
+        create::ALLOCATION_ATTEMPTS_MAX
+    ))))
 }
 
 #[cfg(test)]

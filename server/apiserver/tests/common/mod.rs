@@ -60,6 +60,7 @@ pub async fn start_with(service_account_admission: bool) -> Server {
             token_issuer: None,
             compaction_interval: None,
             service_cidr,
+            node_port_range: Default::default(),
             extra_metrics: None,
             kubelet_client: None,
             service_account_admission,
