@@ -144,27 +144,25 @@ pub fn start(
         CONTROLLER_MANAGER_USER,
         CONTROLLER_MANAGER_GROUP,
     )?;
-    // The network's control-plane half (the kube-dns Service and its EndpointSlice of the
-    // nodes serving DNS), run where this member's own network runs.
-    let network = match (args.node.disable_network, args.node.cluster_dns.first()) {
+    // The network's control-plane half: the service load balancer, and where this member's
+    // own network runs, the kube-dns Service and its EndpointSlice of the nodes serving DNS.
+    let network_client = local_client(
+        &pki,
+        &local_url,
+        NETWORK_CONTROLLERS_USER,
+        Some(crate::pki::ADMIN_GROUP),
+        (
+            skerry_controllers::manager::CONTROLLER_QPS,
+            skerry_controllers::manager::CONTROLLER_BURST,
+        ),
+    )?;
+    let network_identity = format!("{}_{:016x}", args.name, rand_suffix());
+    let dns = match (args.node.disable_network, args.node.cluster_dns.first()) {
         (false, Some(ip)) => {
-            let client = local_client(
-                &pki,
-                &local_url,
-                NETWORK_CONTROLLERS_USER,
-                Some(crate::pki::ADMIN_GROUP),
-                (
-                    skerry_controllers::manager::CONTROLLER_QPS,
-                    skerry_controllers::manager::CONTROLLER_BURST,
-                ),
-            )?;
-            let mut dns = skerry_net::dns::DnsConfig::new(
-                Vec::new(),
-                &format!("{}_{:016x}", args.name, rand_suffix()),
-            );
+            let mut dns = skerry_net::dns::DnsConfig::new(Vec::new(), &network_identity);
             dns.cluster_dns_ip = *ip;
             dns.cluster_domain = args.node.cluster_domain.clone();
-            Some((client, dns))
+            Some(dns)
         }
         _ => None,
     };
@@ -193,23 +191,24 @@ pub fn start(
             scheduler_identity,
             controllers.clone(),
         ));
-        let network = network.map(|(client, dns)| {
-            tokio::spawn(skerry_net::dns::run_service_controller(
-                client,
+        let mut network = vec![tokio::spawn(skerry_net::servicelb::run(
+            network_client.clone(),
+            skerry_net::servicelb::Config::new(&network_identity),
+            controllers.clone(),
+        ))];
+        if let Some(dns) = dns {
+            network.push(tokio::spawn(skerry_net::dns::run_service_controller(
+                network_client,
                 dns,
                 controllers.clone(),
-            ))
-        });
+            )));
+        }
         let (serve_stop_tx, serve_stop) = watch::channel(false);
         let mut stop = stop;
         tokio::spawn(async move {
             let _ = stop.wait_for(|s| *s).await;
             controllers.cancel();
-            let network = async move {
-                if let Some(task) = network {
-                    let _ = task.await;
-                }
-            };
+            let network = futures::future::join_all(network);
             let stopped = futures::future::join3(manager, scheduler, network);
             if tokio::time::timeout(CONTROLLERS_STOP_TIMEOUT, stopped)
                 .await

@@ -124,6 +124,8 @@ pub async fn start(cx: NetworkContext<'_>, stop: CancellationToken) {
             }
         });
     }
+    // NodePorts on the loopback, which nftables cannot DNAT to.
+    tokio::spawn(skerry_net::localhost::run(cx.client.clone(), stop.clone()));
     // Cluster DNS on the node's address.
     let mut config = DnsConfig::new(
         vec![SocketAddr::new(cx.node_ip, dns::DNS_PORT)],
