@@ -24,6 +24,12 @@ use skerry_net::proxy::{Family, Nft, RuleConfig, SyncReport, Syncer};
 
 /// Endpoints per Service (the figure).
 const ENDPOINTS_PER_SERVICE: usize = 5;
+/// The NodePort range 30000-32767 (upstream's `--service-node-port-range` default): the
+/// first this many Services are NodePorts, one port each, the rest ClusterIP only (NodePorts
+/// are unique cluster-wide, the apiserver's allocator sees to it).
+const NODE_PORT_BASE: usize = 30000;
+/// See [`NODE_PORT_BASE`].
+const NODE_PORTS: usize = 2768;
 
 #[derive(Parser)]
 #[command(about = "Full and one-Service partial syncs of the nftables service proxy")]
@@ -51,11 +57,20 @@ impl Drop for Ns {
 fn service(i: usize) -> Result<Service> {
     // 10.96.0.0/16 holds 65,536 addresses: enough for any size measured.
     let ip = format!("10.96.{}.{}", (i >> 8) & 0xff, i & 0xff);
+    let (kind, port) = if i < NODE_PORTS {
+        (
+            "NodePort",
+            json!({"name": "http", "port": 80, "protocol": "TCP", "nodePort": NODE_PORT_BASE + i}),
+        )
+    } else {
+        (
+            "ClusterIP",
+            json!({"name": "http", "port": 80, "protocol": "TCP"}),
+        )
+    };
     Ok(serde_json::from_value(json!({
         "metadata": {"namespace": "bench", "name": format!("svc-{i}")},
-        "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": "NodePort",
-                 "ports": [{"name": "http", "port": 80, "protocol": "TCP",
-                            "nodePort": 30000 + (i % 2768)}]},
+        "spec": {"clusterIP": ip, "clusterIPs": [ip], "type": kind, "ports": [port]},
     }))?)
 }
 
