@@ -143,8 +143,8 @@ impl Proxy {
         }
     }
 
-    /// Syncs both families now; the longest time until a stale chain can be deleted when
-    /// some are left (`Some`), for the runner to come back.
+    /// Syncs both families now; `true` when flushed chains wait to be deleted, for the
+    /// runner to come back after [`sync::STALE_CHAIN_DELAY`].
     pub fn sync_now(&self) -> anyhow::Result<bool> {
         let mut syncers = self.syncers.lock();
         let mut stale = false;
@@ -200,8 +200,7 @@ impl EventHandler<EndpointSlice> for SliceHandler {
 
 /// Runs the proxy until `stop`: informers on Services and EndpointSlices, a full sync once
 /// both have listed, then syncs as changes come (at most one per `min_sync_period`, at least
-/// one per [`SYNC_PERIOD`]). Returns the proxy's shared state at once through `started`
-/// when given, for its metrics.
+/// one per [`SYNC_PERIOD`]). [`run_with`] also hands out the [`Proxy`] for its metrics.
 pub async fn run(
     client: Client,
     config: ProxyConfig,

@@ -465,3 +465,72 @@ impl Syncer {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn syncer() -> Syncer {
+        // Never run: these tests stay in the model.
+        Syncer::new(
+            Family::V4,
+            RuleConfig::default(),
+            "n1".into(),
+            Nft::new(vec!["false".into()]),
+        )
+    }
+
+    fn svc(port: u16) -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "web"},
+            "spec": {"clusterIP": "10.96.0.5", "ports": [{"name": "http", "port": port}]},
+        }))
+        .expect("service")
+    }
+
+    fn slice(svc: &str, ips: &[&str]) -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "web-1",
+                         "labels": {"kubernetes.io/service-name": svc}},
+            "addressType": "IPv4",
+            "endpoints": ips.iter().map(|i| json!({"addresses": [i]})).collect::<Vec<_>>(),
+            "ports": [{"name": "http", "port": 8080}],
+        }))
+        .expect("slice")
+    }
+
+    #[test]
+    fn only_real_changes_mark_a_service_for_the_partial_sync() {
+        let mut s = syncer();
+        assert!(s.update_service(None, Some(&svc(80))));
+        assert!(
+            !s.update_service(Some(&svc(80)), Some(&svc(80))),
+            "a resync is no change"
+        );
+        assert!(s.update_service(Some(&svc(80)), Some(&svc(81))));
+        assert!(s.update_slice("ns/web-1", Some(&slice("web", &["10.244.0.1"]))));
+        assert!(!s.update_slice("ns/web-1", Some(&slice("web", &["10.244.0.1"]))));
+        let name = ServiceName {
+            namespace: "ns".into(),
+            name: "web".into(),
+        };
+        assert_eq!(
+            s.rules_of(&name).chains.len(),
+            2,
+            "service and endpoint chain"
+        );
+        // The slice moves to another Service: the first loses its endpoint.
+        assert!(s.update_slice("ns/web-1", Some(&slice("other", &["10.244.0.1"]))));
+        assert!(s.rules_of(&name).chains.is_empty());
+        assert_eq!(s.pending(), 2);
+        // A malformed address is skipped, the rest of the slice kept.
+        assert!(s.update_slice(
+            "ns/web-1",
+            Some(&slice("web", &["not-an-ip", "10.244.0.2"]))
+        ));
+        assert_eq!(s.rules_of(&name).chains.len(), 2);
+        assert!(s.update_service(Some(&svc(81)), None));
+        assert!(s.rules_of(&name).chains.is_empty());
+    }
+}
