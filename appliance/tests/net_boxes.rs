@@ -117,10 +117,11 @@ fn web_pod(name: &str, node: &str) -> Value {
     let script = format!(
         "mkdir -p /tmp/w/cgi-bin && \
          printf '#!/bin/sh\\necho Content-Type: text/plain\\necho\\necho $REMOTE_ADDR\\n' > /tmp/w/cgi-bin/ip && \
-         chmod 755 /tmp/w/cgi-bin/ip && exec httpd -f -p {HTTPD_PORT} -h /tmp/w"
+         printf '#!/bin/sh\necho Content-Type: text/plain\necho\nhostname\n' > /tmp/w/cgi-bin/who && \
+         chmod 755 /tmp/w/cgi-bin/ip /tmp/w/cgi-bin/who && exec httpd -f -p {HTTPD_PORT} -h /tmp/w"
     );
     json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "web"}},
         "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
             "containers": [{"name": "httpd", "image": IMAGE, "command": ["sh", "-c", script]}]}})
 }
@@ -139,7 +140,7 @@ fn pods_reach_each_other_across_boxes_by_pod_ip_and_leave_masqueraded() {
     {
         return;
     }
-    let mut boxes = Boxes::start();
+    let boxes = Boxes::start();
 
     // Three Ready Nodes (Boxes::start waited for that), each on its box's address, with
     // distinct pod ranges.
@@ -167,7 +168,6 @@ fn pods_reach_each_other_across_boxes_by_pod_ip_and_leave_masqueraded() {
         "{ranges:?}"
     );
 
-    boxes.start_routes();
     let _outside = Outside::start(&boxes.switch.clone());
 
     boxes.ok(
@@ -210,18 +210,7 @@ fn pods_reach_each_other_across_boxes_by_pod_ip_and_leave_masqueraded() {
     let client = wait_pod(&boxes, "client", "finished", |p| {
         p["status"]["phase"] == "Succeeded" || p["status"]["phase"] == "Failed"
     });
-    let log_path = boxes.boxes[0].data.join(format!(
-        "agent/kubelet/pods-logs/default_client_{}/wget/0.log",
-        client["metadata"]["uid"].as_str().unwrap_or_default()
-    ));
-    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-    // busybox httpd listens on IPv6 and gives REMOTE_ADDR as `[::ffff:a.b.c.d]`: the IPv4
-    // address is what counts.
-    let lines: Vec<String> = log
-        .lines()
-        .filter_map(|l| l.split_once(" stdout F ").map(|(_, text)| text))
-        .map(|text| text.replace("[::ffff:", "").replace(']', ""))
-        .collect();
+    let lines = output_lines(&boxes, "client", &client);
     let routes = boxes::in_ns(&boxes.boxes[0].netns.clone(), || {
         std::process::Command::new("ip")
             .args(["route"])
@@ -245,4 +234,228 @@ fn pods_reach_each_other_across_boxes_by_pod_ip_and_leave_masqueraded() {
         ],
         "pods on b and c see the client pod's IP; the outside sees box a's"
     );
+
+    services_and_names(&boxes, client_ip);
+}
+
+/// What the container `wget` of pod `name` on box a wrote, line by line. busybox httpd
+/// listens on IPv6 and gives REMOTE_ADDR as `[::ffff:a.b.c.d]`: the IPv4 address is what
+/// counts.
+fn output_lines(boxes: &Boxes, name: &str, pod: &Value) -> Vec<String> {
+    let log_path = boxes.boxes[0].data.join(format!(
+        "agent/kubelet/pods-logs/default_{name}_{}/wget/0.log",
+        pod["metadata"]["uid"].as_str().unwrap_or_default()
+    ));
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    log.lines()
+        .filter_map(|l| l.split_once(" stdout F ").map(|(_, text)| text))
+        .map(|text| text.replace("[::ffff:", "").replace(']', ""))
+        .collect()
+}
+
+/// New connections a pod opens to the ClusterIP, over 3 endpoints.
+const CONNECTIONS: usize = 3_000;
+/// The chi-square bound for 2 degrees of freedom at p = 0.001: a fair split fails this one
+/// time in a thousand.
+const CHI_SQUARE_P001_DF2: f64 = 13.82;
+/// Connections of one client to the ClientIP-affine Service.
+const STICKY_CONNECTIONS: usize = 20;
+/// How long a Service gets to answer through every box's proxy.
+const SERVICE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The Services of the issue's scene: a ClusterIP found by name from a pod on box a and
+/// spread evenly over three endpoints on boxes b and c; NodePorts answering on every box's
+/// address and on a box's loopback; `externalTrafficPolicy: Local` keeping the client's IP
+/// where Cluster masquerades; ClientIP affinity pinning a client; a headless Service's name
+/// giving its pods' IPs and an ExternalName its CNAME.
+fn services_and_names(boxes: &Boxes, client_ip: &str) {
+    boxes.ok(
+        0,
+        &["apply", "-f", "-"],
+        Some(&web_pod("web-c2", "c").to_string()),
+    );
+    wait_pod(boxes, "web-c2", "Running", running);
+    let port = |name: &str, extra: Value| {
+        let mut spec = json!({"selector": {"app": "web"},
+            "ports": [{"name": "http", "port": 80, "targetPort": HTTPD_PORT}]});
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec})
+    };
+    let services = json!({"apiVersion": "v1", "kind": "List", "items": [
+        port("web", json!({})),
+        port("web-np", json!({"type": "NodePort"})),
+        port("web-local", json!({"type": "NodePort", "externalTrafficPolicy": "Local"})),
+        port("web-sticky", json!({"sessionAffinity": "ClientIP"})),
+        port("web-h", json!({"clusterIP": "None"})),
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ext"},
+         "spec": {"type": "ExternalName", "externalName": "example.org"}},
+    ]});
+    boxes.ok(0, &["apply", "-f", "-"], Some(&services.to_string()));
+    let node_port = |name: &str| -> u16 {
+        boxes
+            .ok(
+                0,
+                &[
+                    "get",
+                    "svc",
+                    name,
+                    "-o",
+                    "jsonpath={.spec.ports[0].nodePort}",
+                ],
+                None,
+            )
+            .trim()
+            .parse()
+            .expect("a node port")
+    };
+    let (np, local) = (node_port("web-np"), node_port("web-local"));
+    let cluster_ip = boxes
+        .ok(
+            0,
+            &["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"],
+            None,
+        )
+        .trim()
+        .to_string();
+
+    // NodePorts from outside the cluster (the switch), on every box.
+    for i in 0..3 {
+        let from = http_in(
+            &boxes.switch,
+            &format!("{}:{np}", boxes::box_ip(i)),
+            "/cgi-bin/ip",
+        );
+        assert_eq!(
+            from,
+            boxes::box_ip(i),
+            "policy Cluster: the endpoint sees the box the client came through"
+        );
+    }
+    let from = http_in(
+        &boxes.switch,
+        &format!("{}:{local}", boxes::box_ip(1)),
+        "/cgi-bin/ip",
+    );
+    assert_eq!(from, OUTSIDE_IP, "policy Local keeps the client's address");
+    // A NodePort on a box's loopback (the userspace proxy: nftables cannot DNAT there).
+    let netns = boxes.boxes[0].netns.clone();
+    let name = http_in(&netns, &format!("127.0.0.1:{np}"), "/cgi-bin/who");
+    assert!(name.starts_with("web-"), "{name}");
+
+    // From a pod on box a: the name, the split, the affinity, the records.
+    let script = format!(
+        "for i in $(seq {CLIENT_ATTEMPTS}); do \
+           if r=$(timeout 5 wget -q -O - http://web.default.svc.cluster.local/cgi-bin/ip); then echo \"N $r\"; break; fi; sleep 1; \
+         done; \
+         i=0; while [ $i -lt {CONNECTIONS} ]; do echo \"W $(timeout 5 wget -q -O - http://{cluster_ip}/cgi-bin/who)\"; i=$((i+1)); done; \
+         i=0; while [ $i -lt {STICKY_CONNECTIONS} ]; do echo \"S $(timeout 5 wget -q -O - http://web-sticky/cgi-bin/who)\"; i=$((i+1)); done; \
+         nslookup web-h.default.svc.cluster.local | sed 's/^/H /'; \
+         nslookup -type=cname ext.default.svc.cluster.local | sed 's/^/E /'; true"
+    );
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "svc-client"},
+        "spec": {"nodeName": "a", "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "wget", "image": IMAGE, "command": ["sh", "-c", script]}]}});
+    boxes.ok(0, &["apply", "-f", "-"], Some(&pod.to_string()));
+    let pod = wait_pod(boxes, "svc-client", "finished", |p| {
+        p["status"]["phase"] == "Succeeded" || p["status"]["phase"] == "Failed"
+    });
+    let lines = output_lines(boxes, "svc-client", &pod);
+    let tagged = |tag: &str| -> Vec<String> {
+        lines
+            .iter()
+            .filter_map(|l| l.strip_prefix(tag))
+            .map(|l| l.trim().to_string())
+            .collect()
+    };
+    assert_eq!(
+        tagged("N "),
+        vec![client_ip.to_string()],
+        "web.default.svc.cluster.local answers, and the endpoint sees the pod's own IP: {:?}",
+        &lines[..lines.len().min(20)]
+    );
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for who in tagged("W ") {
+        *counts.entry(who).or_default() += 1;
+    }
+    assert_eq!(
+        counts.keys().cloned().collect::<Vec<_>>(),
+        vec!["web-b", "web-c", "web-c2"],
+        "every connection answered by one of the three endpoints: {counts:?}"
+    );
+    let expected = CONNECTIONS as f64 / 3.0;
+    let chi: f64 = counts
+        .values()
+        .map(|&n| (n as f64 - expected).powi(2) / expected)
+        .sum();
+    assert!(
+        chi < CHI_SQUARE_P001_DF2,
+        "{CONNECTIONS} connections split {counts:?}: chi-square {chi:.2}"
+    );
+    eprintln!("{CONNECTIONS} connections over 3 endpoints: {counts:?}, chi-square {chi:.2}");
+    let sticky = tagged("S ");
+    assert_eq!(sticky.len(), STICKY_CONNECTIONS);
+    assert!(
+        sticky.iter().all(|s| s == &sticky[0]) && sticky[0].starts_with("web-"),
+        "ClientIP affinity pins the client to one endpoint: {sticky:?}"
+    );
+    let headless = tagged("H ").join("\n");
+    let web_ips: Vec<String> = ["web-b", "web-c", "web-c2"]
+        .iter()
+        .map(|n| {
+            boxes
+                .ok(
+                    0,
+                    &["get", "pod", n, "-o", "jsonpath={.status.podIP}"],
+                    None,
+                )
+                .trim()
+                .to_string()
+        })
+        .collect();
+    for ip in &web_ips {
+        assert!(
+            headless.contains(ip.as_str()),
+            "headless answers {ip}:\n{headless}"
+        );
+    }
+    let cname = tagged("E ").join("\n");
+    assert!(
+        cname.contains("example.org"),
+        "ExternalName's CNAME:\n{cname}"
+    );
+}
+
+/// An HTTP GET of `path` from inside network namespace `ns`, retried until it answers (a new
+/// Service takes a sync of every box's proxy); the body, trimmed, without IPv4-mapped
+/// brackets.
+fn http_in(ns: &str, addr: &str, path: &str) -> String {
+    let deadline = Instant::now() + SERVICE_TIMEOUT;
+    let (addr, path) = (addr.to_string(), path.to_string());
+    loop {
+        let (a, p) = (addr.clone(), path.clone());
+        let answer = boxes::in_ns(ns, move || -> std::io::Result<String> {
+            let addr: SocketAddr = a.parse().map_err(std::io::Error::other)?;
+            let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+            conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+            conn.write_all(format!("GET {p} HTTP/1.0\r\n\r\n").as_bytes())?;
+            let mut text = String::new();
+            conn.read_to_string(&mut text)?;
+            Ok(text)
+        });
+        if let Ok(text) = &answer
+            && text.starts_with("HTTP/1.")
+            && text.contains(" 200 ")
+            && let Some((_, body)) = text.split_once("\r\n\r\n")
+        {
+            return body.trim().replace("[::ffff:", "").replace(']', "");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr}{path} in {ns}: {answer:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

@@ -15,11 +15,13 @@
 //! `nsenter --net` only the network is the box's, and the cgroups, mounts and shims are found
 //! and removed on drop by the same clean-up as [`super::node::Node`]'s.
 //!
-//! Dropping [`Boxes`] stops the route drivers, sends SIGTERM to the three servers (so each
+//! Each server runs the node's network itself (routes, masquerade, the service proxy, cluster
+//! DNS), as on a real box.
+//!
+//! Dropping [`Boxes`] sends SIGTERM to the three servers (so each
 //! stops its containerd), waits, removes their leftovers (shims, mounts, cgroups) and deletes
 //! the namespaces.
 
-use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -28,7 +30,6 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use skerry_node::images::build;
 use skerry_node::testing::remove_leftovers;
-use tokio_util::sync::CancellationToken;
 
 use super::kube::{KUBECTL, KilledOnDrop, READY_TIMEOUT, tail};
 use super::node::{IMAGE, POD_TIMEOUT};
@@ -102,25 +103,8 @@ impl BoxNode {
     }
 }
 
-/// A running route driver (`skerry_net::routes::run` in a box's namespace), stopped on drop.
-struct Driver {
-    stop: CancellationToken,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        self.stop.cancel();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// The three boxes and their switch. See the module docs.
 pub struct Boxes {
-    /// Route drivers, stopped first on drop.
-    drivers: Vec<Driver>,
     pub boxes: Vec<BoxNode>,
     /// The switch's namespace.
     pub switch: String,
@@ -182,7 +166,6 @@ impl Boxes {
             rand::random::<u32>() % 100_000
         );
         let mut me = Boxes {
-            drivers: Vec::new(),
             boxes: Vec::new(),
             switch: format!("{prefix}-sw"),
             namespaces: Vec::new(),
@@ -405,48 +388,10 @@ impl Boxes {
         let list: Value = serde_json::from_str(&out).expect("node list");
         list["items"].as_array().cloned().unwrap_or_default()
     }
-
-    /// Runs `skerry_net::routes::run` for every box, each in its box's namespace against its
-    /// own server (what the integrator wires into `skerry server`), until the boxes drop.
-    pub fn start_routes(&mut self) {
-        for b in &self.boxes {
-            let stop = CancellationToken::new();
-            let config = skerry_net::routes::RoutesConfig {
-                node_name: b.name.clone(),
-                cluster_cidrs: vec![
-                    skerry_net::routes::plan::Cidr::parse(CLUSTER_CIDR).expect("cidr"),
-                ],
-                node_ip: b.ip.parse::<IpAddr>().expect("ip"),
-                link: None,
-            };
-            let (ns, kubeconfig, token) = (b.netns.clone(), b.kubeconfig(), stop.clone());
-            let thread = std::thread::spawn(move || {
-                enter(&ns);
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("runtime");
-                rt.block_on(async move {
-                    let client = skerry_client::Client::new(
-                        skerry_client::Config::from_kubeconfig(&kubeconfig).expect("kubeconfig"),
-                    )
-                    .expect("client");
-                    if let Err(e) = skerry_net::routes::run(client, config, token).await {
-                        panic!("routes in {ns}: {e}");
-                    }
-                });
-            });
-            self.drivers.push(Driver {
-                stop,
-                thread: Some(thread),
-            });
-        }
-    }
 }
 
 impl Drop for Boxes {
     fn drop(&mut self) {
-        self.drivers.clear();
         for b in &self.boxes {
             if let Some(child) = &b.child
                 && let Some(pid) = rustix::process::Pid::from_raw(child.0.id() as i32)

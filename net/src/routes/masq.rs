@@ -9,10 +9,14 @@
 //! chain: the kernel swaps the whole table atomically, no packet sees half of it, and no
 //! other table is named, so other programs' rules stay as they were.
 //!
-//! No `br_netfilter`: the masquerade matches routed packets only, which is what it must see
-//! (pod to pod on one node stays on the bridge, never leaves the range, and needs no NAT).
-//! The bridge needs only the kernel to forward between it and the node's link:
-//! `net.ipv4.ip_forward` (and IPv6's `conf.all.forwarding` when a range is IPv6).
+//! The masquerade itself matches routed packets only (pod to pod on one node stays on the
+//! bridge, never leaves the range, and needs no NAT). The bridge needs the kernel to forward
+//! between it and the node's link: `net.ipv4.ip_forward` (and IPv6's `conf.all.forwarding`
+//! when a range is IPv6). The service proxy needs one more thing of the bridge: a pod reaching
+//! a ClusterIP whose endpoint sits on the same bridge gets its answer bridged straight back,
+//! which must pass netfilter to be un-DNATed (else the client sees the endpoint's address and
+//! resets): `net.bridge.bridge-nf-call-iptables` (and `-ip6tables`) on, as kube-proxy and
+//! the kubelet require, where the kernel has `br_netfilter`.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -125,14 +129,36 @@ pub fn present(cluster_cidrs: &[Cidr]) -> bool {
 /// namespace: `/proc/sys/net` is per namespace).
 pub fn enable_forwarding(cluster_cidrs: &[Cidr]) -> Result<(), MasqError> {
     let mut files = vec![IPV4_FORWARD];
-    if cluster_cidrs.iter().any(|c| !c.is_ipv4()) {
+    let ipv6 = cluster_cidrs.iter().any(|c| !c.is_ipv4());
+    if ipv6 {
         files.push(IPV6_FORWARD);
     }
     for path in files {
         std::fs::write(path, "1").map_err(|source| MasqError::Sysctl { path, source })?;
     }
+    // Bridged packets through netfilter, where `br_netfilter` is there (its sysctls exist
+    // only then; without it, the service proxy's same-node answers cannot be un-DNATed).
+    let mut bridge = vec![BRIDGE_NF_CALL_IPTABLES];
+    if ipv6 {
+        bridge.push(BRIDGE_NF_CALL_IP6TABLES);
+    }
+    for path in bridge {
+        if std::path::Path::new(path).exists() {
+            std::fs::write(path, "1").map_err(|source| MasqError::Sysctl { path, source })?;
+        } else {
+            tracing::warn!(
+                path,
+                "no br_netfilter: a pod reaching a Service whose endpoint is on its own node gets no answer"
+            );
+        }
+    }
     Ok(())
 }
+
+/// Bridged IPv4 through netfilter (`br_netfilter`), per network namespace.
+const BRIDGE_NF_CALL_IPTABLES: &str = "/proc/sys/net/bridge/bridge-nf-call-iptables";
+/// Bridged IPv6 through netfilter.
+const BRIDGE_NF_CALL_IP6TABLES: &str = "/proc/sys/net/bridge/bridge-nf-call-ip6tables";
 
 #[cfg(test)]
 mod tests {
