@@ -12,6 +12,8 @@
 //! - [`server`]: hickory-server's UDP and TCP listeners and the request handler that picks the
 //!   zone or the forwarder, with truncation (TC) over UDP;
 //! - [`metrics`]: CoreDNS's metric names;
+//! - [`testing`]: an upstream resolver of fixed answers on loopback, for tests and the
+//!   benchmark;
 //! - [`service`]: the control-plane controller that keeps the `kube-system/kube-dns` Service
 //!   and its EndpointSlice (every Ready node's InternalIP) in step with the Nodes.
 //!
@@ -21,6 +23,7 @@ pub mod forward;
 pub mod metrics;
 pub mod server;
 pub mod service;
+pub mod testing;
 pub mod zone;
 
 use std::net::{IpAddr, SocketAddr};
