@@ -58,6 +58,9 @@ pub struct DnsConfig {
     pub listen: Vec<SocketAddr>,
     /// The node's resolv.conf, for the upstreams.
     pub resolv_conf: PathBuf,
+    /// Upstreams to use instead of the resolv.conf's when not empty (CoreDNS's
+    /// `forward . <addr:port>...`): a fixed resolver, or one on another port.
+    pub upstreams: Vec<SocketAddr>,
     /// Entries of the forwarder's cache.
     pub cache_capacity: usize,
     /// This member's identity in the kube-dns controller's leader election (the node name).
@@ -72,6 +75,7 @@ impl DnsConfig {
             cluster_dns_ip: DEFAULT_CLUSTER_DNS_IP,
             listen,
             resolv_conf: PathBuf::from(DEFAULT_RESOLV_CONF),
+            upstreams: Vec::new(),
             cache_capacity: forward::CACHE_CAPACITY,
             identity: identity.to_string(),
         }

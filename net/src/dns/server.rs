@@ -227,7 +227,7 @@ pub fn informers(
 }
 
 /// Cluster DNS on this node until `stop`: watches Services and EndpointSlices, reads the
-/// upstreams from `config.resolv_conf`, and serves on `config.listen` over UDP and TCP.
+/// upstreams from `config.resolv_conf` (or takes `config.upstreams`), and serves on `config.listen` over UDP and TCP.
 /// Returns once the listeners are bound (an error if one cannot be); serving goes on in the
 /// background until `stop`. Counts into the process's [`metrics`].
 pub async fn run_server(
@@ -251,7 +251,11 @@ pub async fn run_server(
         .map(SocketAddr::ip)
         .chain([config.cluster_dns_ip])
         .collect();
-    let upstreams = forward::upstreams(&config.resolv_conf, &own);
+    let upstreams = if config.upstreams.is_empty() {
+        forward::upstreams(&config.resolv_conf, &own)
+    } else {
+        config.upstreams.clone()
+    };
     info!(?upstreams, domain = %config.cluster_domain, "cluster DNS: upstream resolvers");
     let metrics = metrics();
     let forwarder = Forwarder::new(upstreams, config.cache_capacity, metrics.clone());
