@@ -142,10 +142,10 @@ async fn services_resolve_and_outside_names_are_forwarded() {
         (m.metadata.response_code == ResponseCode::NoError && !m.answers.is_empty()).then_some(m)
     })
     .await;
-    assert_eq!(rdatas(&a), [ip.clone()]);
+    assert_eq!(rdatas(&a), std::slice::from_ref(&ip));
     assert!(a.metadata.authoritative);
     let t = exchange_tcp(dns, &q, QUERY).await.unwrap();
-    assert_eq!(rdatas(&t), [ip.clone()]);
+    assert_eq!(rdatas(&t), std::slice::from_ref(&ip));
     let srv = exchange_udp(
         dns,
         &question("_http._tcp.web.shop.svc.cluster.local.", RecordType::SRV),
