@@ -404,3 +404,168 @@ fn is_answer_to(m: &Message, query: &Message) -> bool {
         && m.metadata.message_type == MessageType::Response
         && m.metadata.op_code == OpCode::Query
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::super::testing::Upstream;
+    use super::*;
+
+    fn name(s: &str) -> Name {
+        Name::from_ascii(s).expect("a valid name")
+    }
+
+    #[tokio::test]
+    async fn positive_answers_are_cached_and_counted() {
+        let up = Upstream::start(&[("example.org.", vec![Ipv4Addr::new(192, 0, 2, 1)])])
+            .await
+            .expect("upstream");
+        let metrics = Arc::new(Metrics::new());
+        let f = Forwarder::new(vec![up.addr], CACHE_CAPACITY, metrics.clone());
+        let first = f
+            .resolve(&name("example.org."), RecordType::A, DNSClass::IN)
+            .await;
+        assert_eq!(first.rcode, ResponseCode::NoError);
+        assert_eq!(first.answers.len(), 1);
+        // Another case is the same question.
+        let second = f
+            .resolve(&name("EXAMPLE.org."), RecordType::A, DNSClass::IN)
+            .await;
+        assert_eq!(second.answers, first.answers);
+        assert_eq!(up.udp_queries(), 1, "the second answer came from the cache");
+        assert_eq!(metrics.cache_misses(), 1);
+        assert_eq!(metrics.cache_hits("success"), 1);
+        assert_eq!(metrics.cache_hits("denial"), 0);
+    }
+
+    #[tokio::test]
+    async fn negative_answers_are_cached() {
+        let up = Upstream::start(&[]).await.expect("upstream");
+        let metrics = Arc::new(Metrics::new());
+        let f = Forwarder::new(vec![up.addr], CACHE_CAPACITY, metrics.clone());
+        for _ in 0..3 {
+            let a = f
+                .resolve(&name("missing.example."), RecordType::A, DNSClass::IN)
+                .await;
+            assert_eq!(a.rcode, ResponseCode::NXDomain);
+        }
+        assert_eq!(up.udp_queries(), 1);
+        assert_eq!(metrics.cache_hits("denial"), 2);
+    }
+
+    #[tokio::test]
+    async fn truncated_answers_are_asked_again_over_tcp() {
+        let many: Vec<Ipv4Addr> = (1..=60).map(|i| Ipv4Addr::new(192, 0, 2, i)).collect();
+        let up = Upstream::start(&[("big.example.", many)])
+            .await
+            .expect("upstream");
+        let f = Forwarder::new(vec![up.addr], CACHE_CAPACITY, Arc::new(Metrics::new()));
+        let a = f
+            .resolve(&name("big.example."), RecordType::A, DNSClass::IN)
+            .await;
+        assert_eq!(a.answers.len(), 60);
+        assert_eq!((up.udp_queries(), up.tcp_queries()), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_dead_upstream_is_skipped_and_none_left_is_servfail() {
+        let up = Upstream::start(&[("example.org.", vec![Ipv4Addr::new(192, 0, 2, 1)])])
+            .await
+            .expect("upstream");
+        // A port nothing answers on (bound, then closed).
+        let dead = UdpSocket::bind("127.0.0.1:0")
+            .await
+            .and_then(|s| s.local_addr())
+            .expect("a port");
+        let mut f = Forwarder::new(
+            vec![dead, up.addr],
+            CACHE_CAPACITY,
+            Arc::new(Metrics::new()),
+        );
+        f.timeout = Duration::from_millis(300);
+        let a = f
+            .resolve(&name("example.org."), RecordType::A, DNSClass::IN)
+            .await;
+        assert_eq!(a.rcode, ResponseCode::NoError);
+        assert_eq!(a.answers.len(), 1);
+        let none = Forwarder::new(Vec::new(), CACHE_CAPACITY, Arc::new(Metrics::new()));
+        let a = none
+            .resolve(&name("example.org."), RecordType::A, DNSClass::IN)
+            .await;
+        assert_eq!(a.rcode, ResponseCode::ServFail);
+    }
+
+    #[tokio::test]
+    async fn the_cache_is_bounded() {
+        let names: Vec<(String, Vec<Ipv4Addr>)> = (0..20)
+            .map(|i| (format!("n{i}.example."), vec![Ipv4Addr::new(192, 0, 2, 1)]))
+            .collect();
+        let refs: Vec<(&str, Vec<Ipv4Addr>)> = names
+            .iter()
+            .map(|(n, ips)| (n.as_str(), ips.clone()))
+            .collect();
+        let up = Upstream::start(&refs).await.expect("upstream");
+        let f = Forwarder::new(vec![up.addr], 8, Arc::new(Metrics::new()));
+        for (n, _) in &names {
+            f.resolve(&name(n), RecordType::A, DNSClass::IN).await;
+        }
+        assert_eq!(f.cache().len(), 8);
+    }
+
+    #[test]
+    fn cache_ttls_are_bounded() {
+        let rec = |ttl| {
+            hickory_server::proto::rr::Record::from_rdata(
+                name("a."),
+                ttl,
+                RData::A(Ipv4Addr::LOCALHOST.into()),
+            )
+        };
+        let pos = |ttl| Answer {
+            rcode: ResponseCode::NoError,
+            answers: vec![rec(ttl)],
+            authorities: Vec::new(),
+            additionals: Vec::new(),
+        };
+        assert_eq!(cache_ttl(&pos(0)), Some(MIN_CACHE_TTL));
+        assert_eq!(cache_ttl(&pos(120)), Some(120));
+        assert_eq!(cache_ttl(&pos(86_400)), Some(MAX_POSITIVE_TTL));
+        // NXDOMAIN without an SOA: nothing to go by, not cached; SERVFAIL never.
+        let nx = Answer {
+            rcode: ResponseCode::NXDomain,
+            answers: Vec::new(),
+            authorities: Vec::new(),
+            additionals: Vec::new(),
+        };
+        assert_eq!(cache_ttl(&nx), None);
+        let sf = Answer {
+            rcode: ResponseCode::ServFail,
+            ..nx
+        };
+        assert_eq!(cache_ttl(&sf), None);
+    }
+
+    #[test]
+    fn upstreams_skip_loopback_stubs_and_our_own_addresses() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("resolv.conf");
+        std::fs::write(
+            &path,
+            "# a comment\nnameserver 127.0.0.53\nnameserver 10.0.0.2\nnameserver ::1\nnameserver 192.0.2.53\nnameserver fe80::1%eth0\nsearch example\noptions edns0\n",
+        )
+        .expect("write");
+        let own: Vec<IpAddr> = vec!["10.0.0.2".parse().expect("ip")];
+        let ups = upstreams(&path, &own);
+        assert_eq!(
+            ups,
+            vec![
+                "192.0.2.53:53".parse::<SocketAddr>().expect("addr"),
+                "[fe80::1]:53".parse().expect("addr"),
+            ]
+        );
+        std::fs::write(&path, "").expect("write");
+        assert!(upstreams(&path, &own).is_empty());
+        assert!(upstreams(&dir.path().join("absent"), &own).is_empty());
+    }
+}

@@ -12,6 +12,8 @@
 //! - [`server`]: hickory-server's UDP and TCP listeners and the request handler that picks the
 //!   zone or the forwarder, with truncation (TC) over UDP;
 //! - [`metrics`]: CoreDNS's metric names;
+//! - [`testing`]: an upstream resolver of fixed answers on loopback, for tests and the
+//!   benchmark;
 //! - [`service`]: the control-plane controller that keeps the `kube-system/kube-dns` Service
 //!   and its EndpointSlice (every Ready node's InternalIP) in step with the Nodes.
 //!
@@ -21,6 +23,7 @@ pub mod forward;
 pub mod metrics;
 pub mod server;
 pub mod service;
+pub mod testing;
 pub mod zone;
 
 use std::net::{IpAddr, SocketAddr};
@@ -55,6 +58,9 @@ pub struct DnsConfig {
     pub listen: Vec<SocketAddr>,
     /// The node's resolv.conf, for the upstreams.
     pub resolv_conf: PathBuf,
+    /// Upstreams to use instead of the resolv.conf's when not empty (CoreDNS's
+    /// `forward . <addr:port>...`): a fixed resolver, or one on another port.
+    pub upstreams: Vec<SocketAddr>,
     /// Entries of the forwarder's cache.
     pub cache_capacity: usize,
     /// This member's identity in the kube-dns controller's leader election (the node name).
@@ -69,6 +75,7 @@ impl DnsConfig {
             cluster_dns_ip: DEFAULT_CLUSTER_DNS_IP,
             listen,
             resolv_conf: PathBuf::from(DEFAULT_RESOLV_CONF),
+            upstreams: Vec::new(),
             cache_capacity: forward::CACHE_CAPACITY,
             identity: identity.to_string(),
         }

@@ -227,7 +227,7 @@ pub fn informers(
 }
 
 /// Cluster DNS on this node until `stop`: watches Services and EndpointSlices, reads the
-/// upstreams from `config.resolv_conf`, and serves on `config.listen` over UDP and TCP.
+/// upstreams from `config.resolv_conf` (or takes `config.upstreams`), and serves on `config.listen` over UDP and TCP.
 /// Returns once the listeners are bound (an error if one cannot be); serving goes on in the
 /// background until `stop`. Counts into the process's [`metrics`].
 pub async fn run_server(
@@ -251,7 +251,11 @@ pub async fn run_server(
         .map(SocketAddr::ip)
         .chain([config.cluster_dns_ip])
         .collect();
-    let upstreams = forward::upstreams(&config.resolv_conf, &own);
+    let upstreams = if config.upstreams.is_empty() {
+        forward::upstreams(&config.resolv_conf, &own)
+    } else {
+        config.upstreams.clone()
+    };
     info!(?upstreams, domain = %config.cluster_domain, "cluster DNS: upstream resolvers");
     let metrics = metrics();
     let forwarder = Forwarder::new(upstreams, config.cache_capacity, metrics.clone());
@@ -266,4 +270,187 @@ pub async fn run_server(
     let bound = serve(Handler::new(zone, forwarder, metrics), &config.listen, stop).await?;
     info!(?bound, "cluster DNS: serving");
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::net::Ipv4Addr;
+
+    use hickory_server::proto::op::{Message, Query};
+    use hickory_server::proto::rr::{Name, RecordType};
+    use k8s_openapi::api::core::v1::ServiceSpec;
+    use k8s_openapi::api::discovery::v1::Endpoint;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use skerry_client::cache::Indexer;
+
+    use super::super::forward::{exchange_tcp, exchange_udp};
+    use super::super::testing::Upstream;
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(5);
+
+    /// A server on loopback whose zone has the headless Service `shop/many` with 100 ready
+    /// endpoints, forwarding to `upstream`.
+    async fn server(
+        upstream: SocketAddr,
+        metrics: Arc<Metrics>,
+    ) -> (SocketAddr, CancellationToken) {
+        let services: Indexer<Service> = Indexer::new();
+        for (n, f) in zone::service_indexes() {
+            services.add_index(n, f).expect("index");
+        }
+        let slices: Indexer<EndpointSlice> = Indexer::new();
+        for (n, f) in zone::slice_indexes() {
+            slices.add_index(n, f).expect("index");
+        }
+        services.upsert(
+            "shop/many",
+            Arc::new(Service {
+                metadata: ObjectMeta {
+                    name: Some("many".to_string()),
+                    namespace: Some("shop".to_string()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(ServiceSpec {
+                    cluster_ip: Some("None".to_string()),
+                    ..ServiceSpec::default()
+                }),
+                ..Service::default()
+            }),
+        );
+        slices.upsert(
+            "shop/many-1",
+            Arc::new(EndpointSlice {
+                metadata: ObjectMeta {
+                    name: Some("many-1".to_string()),
+                    namespace: Some("shop".to_string()),
+                    labels: Some(BTreeMap::from([(
+                        zone::SERVICE_NAME_LABEL.to_string(),
+                        "many".to_string(),
+                    )])),
+                    ..ObjectMeta::default()
+                },
+                address_type: "IPv4".to_string(),
+                endpoints: (1..=100)
+                    .map(|i| Endpoint {
+                        addresses: vec![format!("10.244.0.{i}")],
+                        ..Endpoint::default()
+                    })
+                    .collect(),
+                ports: None,
+            }),
+        );
+        let zone = Zone::new("cluster.local", None, services, slices).expect("zone");
+        let forwarder = Forwarder::new(vec![upstream], 64, metrics.clone());
+        let stop = CancellationToken::new();
+        let bound = serve(
+            Handler::new(zone, forwarder, metrics),
+            &["127.0.0.1:0".parse().expect("addr")],
+            stop.clone(),
+        )
+        .await
+        .expect("serve");
+        (bound[0], stop)
+    }
+
+    fn question(n: &str, t: RecordType) -> Message {
+        let mut m = Message::query();
+        m.metadata.recursion_desired = true;
+        m.add_query(Query::query(Name::from_ascii(n).expect("name"), t));
+        m
+    }
+
+    #[tokio::test]
+    async fn answers_over_udp_and_tcp_with_truncation() {
+        let up = Upstream::start(&[("example.org.", vec![Ipv4Addr::new(192, 0, 2, 1)])])
+            .await
+            .expect("upstream");
+        let metrics = Arc::new(Metrics::new());
+        let (addr, stop) = server(up.addr, metrics.clone()).await;
+
+        // 100 A records do not fit 512 bytes: over UDP, TC and a cut answer.
+        let q = question("many.shop.svc.cluster.local.", RecordType::A);
+        let udp = exchange_udp(addr, &q, WAIT).await.expect("udp answer");
+        assert!(udp.metadata.truncation, "TC over UDP");
+        assert!(udp.metadata.authoritative);
+        assert!(udp.answers.len() < 100);
+        let tcp = exchange_tcp(addr, &q, WAIT).await.expect("tcp answer");
+        assert!(!tcp.metadata.truncation);
+        assert_eq!(tcp.answers.len(), 100);
+
+        // Outside the zone: forwarded, not authoritative.
+        let fwd = exchange_udp(addr, &question("example.org.", RecordType::A), WAIT)
+            .await
+            .expect("forwarded");
+        assert_eq!(fwd.answers.len(), 1);
+        assert!(!fwd.metadata.authoritative);
+        assert!(fwd.metadata.recursion_available);
+
+        let nx = exchange_udp(
+            addr,
+            &question("nope.shop.svc.cluster.local.", RecordType::A),
+            WAIT,
+        )
+        .await
+        .expect("nxdomain");
+        assert_eq!(nx.metadata.response_code, ResponseCode::NXDomain);
+
+        let text = metrics.encode();
+        for needle in [
+            "coredns_dns_requests_total{server=\"dns://:53\",zone=\"cluster.local.\",proto=\"udp\",family=\"1\",type=\"A\"} 2",
+            "coredns_dns_requests_total{server=\"dns://:53\",zone=\"cluster.local.\",proto=\"tcp\",family=\"1\",type=\"A\"} 1",
+            "coredns_dns_responses_total{server=\"dns://:53\",zone=\"cluster.local.\",rcode=\"NXDOMAIN\"} 1",
+            "coredns_dns_responses_total{server=\"dns://:53\",zone=\".\",rcode=\"NOERROR\"} 1",
+            "coredns_cache_misses_total{server=\"dns://:53\"} 1",
+            "coredns_dns_request_duration_seconds_bucket",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from\n{text}");
+        }
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn malformed_queries_get_formerr_and_the_server_keeps_serving() {
+        let up = Upstream::start(&[]).await.expect("upstream");
+        let (addr, stop) = server(up.addr, Arc::new(Metrics::new())).await;
+        let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+        socket.connect(addr).await.expect("connect");
+        let mut buf = vec![0u8; 4096];
+
+        // A header claiming one question, then a 64-byte label (over the 63 limit).
+        let mut bad = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 64];
+        bad.extend(std::iter::repeat_n(b'a', 64));
+        bad.extend([0, 0, 1, 0, 1]);
+        socket.send(&bad).await.expect("send");
+        let n = tokio::time::timeout(WAIT, socket.recv(&mut buf))
+            .await
+            .expect("an answer")
+            .expect("recv");
+        let m = Message::from_vec(&buf[..n]).expect("decodable");
+        assert_eq!(m.metadata.id, 0x1234);
+        assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
+
+        // Two questions in one message: FORMERR from the handler.
+        let mut two = question("a.shop.svc.cluster.local.", RecordType::A);
+        two.add_query(Query::query(
+            Name::from_ascii("b.shop.svc.cluster.local.").expect("name"),
+            RecordType::A,
+        ));
+        let m = exchange_udp(addr, &two, WAIT).await.expect("answer");
+        assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
+
+        // Garbage too short for a header gets nothing; the server still answers after it.
+        socket.send(&[1, 2, 3]).await.expect("send");
+        let ok = exchange_udp(
+            addr,
+            &question("many.shop.svc.cluster.local.", RecordType::AAAA),
+            WAIT,
+        )
+        .await
+        .expect("still serving");
+        assert_eq!(ok.metadata.response_code, ResponseCode::NoError);
+        assert!(ok.answers.is_empty(), "NODATA: no IPv6 endpoint");
+        stop.cancel();
+    }
 }
