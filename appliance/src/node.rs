@@ -136,6 +136,11 @@ pub struct NodeArgs {
     /// How long a pressure condition stays after its threshold was last met.
     #[arg(long, default_value = "5m", value_parser = parse_transition_period)]
     pub eviction_pressure_transition_period: Duration,
+    /// The minimum age of an unused image before it is garbage collected: an image first
+    /// seen less than this long ago stays even under disk pressure (the kubelet's flag and
+    /// default; a Go duration, 0 for none).
+    #[arg(long, default_value = MINIMUM_IMAGE_TTL_DEFAULT, value_parser = parse_transition_period)]
+    pub minimum_image_ttl_duration: Duration,
     /// The most seconds a pod evicted for a soft threshold gets to stop.
     #[arg(long, default_value_t = 0)]
     pub eviction_max_pod_grace_period: i64,
@@ -155,8 +160,9 @@ pub struct NodeArgs {
     /// the topology manager's NUMA nodes; needs --reserved-memory).
     #[arg(long, default_value = memory_manager::POLICY_NONE, value_parser = [memory_manager::POLICY_NONE, memory_manager::POLICY_STATIC])]
     pub memory_manager_policy: String,
-    /// The memory kept per NUMA node for the system, `0:memory=1Gi;1:memory=512Mi`; the sum
-    /// must be --kube-reserved + --system-reserved + --eviction-hard's memory.available.
+    /// The memory and hugepages kept per NUMA node for the system,
+    /// `0:memory=1Gi,hugepages-2Mi=64Mi;1:memory=512Mi`; per resource the sum must be
+    /// --kube-reserved + --system-reserved (+ --eviction-hard's memory.available for memory).
     #[arg(long, default_value = "")]
     pub reserved_memory: String,
     /// The topology manager's policy: none, best-effort, restricted, single-numa-node.
@@ -218,6 +224,10 @@ pub struct NodeArgs {
 const KUBE_API_QPS: f64 = 50.0;
 /// See [`KUBE_API_QPS`].
 const KUBE_API_BURST: u32 = 100;
+
+/// `--minimum-image-ttl-duration`'s default as the flag spells it: the kubelet's 2 minutes
+/// (`skerry_node::images::gc::DEFAULT_MIN_AGE`, `ImageMinimumGCAge`).
+const MINIMUM_IMAGE_TTL_DEFAULT: &str = "2m";
 
 /// `--register-with-taints`, parsed.
 #[derive(Clone, Debug, Default)]
@@ -367,15 +377,24 @@ fn resource_managers(
     let numa_nodes = machine.numa_nodes();
     let reserved_memory = parse_reserved_memory(&args.reserved_memory)
         .map_err(|e| format!("--reserved-memory: {e}"))?;
-    let node_reserved = reservations
+    // Memory and the hugepage resources the node keeps (`nodeAllocatableReservation`),
+    // which --reserved-memory must split across the NUMA nodes.
+    let node_reserved: memory_manager::Requests = reservations
         .reservation(capacity)
-        .get("memory")
-        .map_or(0, |q| u64::try_from(q.0 / NANO_PER_UNIT).unwrap_or(0));
+        .iter()
+        .filter(|(name, _)| memory_manager::is_memory_resource(name))
+        .map(|(name, q)| {
+            (
+                name.clone(),
+                u64::try_from(q.0 / NANO_PER_UNIT).unwrap_or(0),
+            )
+        })
+        .collect();
     let memory = MemoryManager::new(
         &args.memory_manager_policy,
         &machine,
         &reserved_memory,
-        node_reserved,
+        &node_reserved,
         checkpoints.clone(),
     )
     .map_err(|e| format!("the memory manager: {e}"))?;
@@ -749,6 +768,7 @@ pub async fn start(
     }
     let task_stop = stop.clone();
     let pause_image = args.pod_infra_container_image.clone();
+    let image_min_age = args.minimum_image_ttl_duration;
     let task = tokio::spawn(async move {
         // No binding to wait for: the apiserver's Node authorizer grants the node what it
         // needs (its pods' secrets, configmaps and tokens, its Node and Lease), and
@@ -786,6 +806,7 @@ pub async fn start(
                     kubelet.clone(),
                     pressure_tx,
                     vec![pause_image],
+                    image_min_age,
                 ));
                 tokio::spawn(eviction.run(wake, task_stop.clone()));
                 info!(node = %node_name, ip = %node_ip, "node agent running");
@@ -1024,6 +1045,16 @@ mod tests {
             Some(PathBuf::from("/m"))
         );
         assert_eq!(pod_manifest_path(Some(Path::new("")), data), None);
+    }
+
+    #[test]
+    fn the_minimum_image_age_defaults_to_the_kubelet_s() {
+        assert_eq!(
+            parse_transition_period(MINIMUM_IMAGE_TTL_DEFAULT),
+            Ok(skerry_node::images::gc::DEFAULT_MIN_AGE)
+        );
+        assert_eq!(parse_transition_period("0"), Ok(Duration::ZERO));
+        assert!(parse_transition_period("-1m").is_err());
     }
 
     #[test]

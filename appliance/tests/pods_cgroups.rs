@@ -100,6 +100,9 @@ fn bytes(q: &str) -> u64 {
     if let Some(mi) = q.strip_suffix("Mi") {
         return mi.parse::<u64>().expect("Mi") << 20;
     }
+    if let Some(gi) = q.strip_suffix("Gi") {
+        return gi.parse::<u64>().expect("Gi") << 30;
+    }
     q.parse().expect("bytes")
 }
 
@@ -143,6 +146,28 @@ fn pods_land_in_their_qos_cgroups_with_their_limits() {
     );
     cg.assert_shares(&cg.kubepods, milli_cpu_to_shares(cpus * 1000));
     cg.assert_shares(&format!("{}/besteffort", cg.kubepods), 2);
+    // kubepods' hugetlb limits: each pool's allocatable bytes (the capacity, nothing
+    // reserved), as the kubelet caps the node-allocatable cgroup; the kernel's default is
+    // `max`. (This machine's pools may hold no pages: the limit is then 0.)
+    let pools = skerry_node::cgroups::hugepage_sizes();
+    if !pools.is_empty() && cg.manager.hugetlb_path(&cg.kubepods).is_some() {
+        for size in pools {
+            let resource = capacity
+                .as_object()
+                .into_iter()
+                .flatten()
+                .find(|(name, _)| {
+                    skerry_node::cgroups::pod::hugepage_size(name).as_deref() == Some(size.as_str())
+                })
+                .map(|(_, q)| bytes(q.as_str().expect("quantity")))
+                .unwrap_or(0);
+            assert_eq!(
+                kubepods.hugepage_limits.get(size),
+                Some(&(resource as i64)),
+                "kubepods' hugetlb.{size} limit: the pool's allocatable"
+            );
+        }
+    }
 
     // Three pods, one of each class.
     let limits = serde_json::json!({"cpu": "200m", "memory": "64Mi"});

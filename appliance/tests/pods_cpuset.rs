@@ -168,6 +168,34 @@ fn guaranteed_pod_gets_an_exclusive_cpu_and_the_others_share_the_rest() {
         memory["machineState"]["0"]["memoryMap"]["memory"]["systemReserved"],
         100 << 20
     );
+    // Beside memory, a table per hugepage pool of node 0, its total the pool's pages read
+    // from /sys (this machine's pools may hold no pages: a total of 0 is still a table).
+    let pools = std::path::Path::new("/sys/devices/system/node/node0/hugepages");
+    for entry in std::fs::read_dir(pools).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(kb) = name
+            .strip_prefix("hugepages-")
+            .and_then(|n| n.strip_suffix("kB"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let pages: u64 = std::fs::read_to_string(entry.path().join("nr_hugepages"))
+            .expect("nr_hugepages")
+            .trim()
+            .parse()
+            .expect("a page count");
+        let resource = match kb {
+            2048 => "hugepages-2Mi",
+            1_048_576 => "hugepages-1Gi",
+            _ => continue,
+        };
+        assert_eq!(
+            memory["machineState"]["0"]["memoryMap"][resource]["total"],
+            serde_json::json!(pages * kb * 1024),
+            "{resource}: {memory}"
+        );
+    }
     let mems = cg
         .path("cpuset", &g_cgroup)
         .expect("cpuset")

@@ -260,8 +260,9 @@ pub fn meminfo_field(meminfo: &str, field: &str) -> Option<u64> {
 }
 
 /// The hugepage pools under `dir` (`hugepages-2048kB/nr_hugepages`...), by page size. A
-/// kernel without hugepages has no such dir: no pools.
-fn hugepages(dir: &Path) -> Result<Vec<HugePages>, MachineError> {
+/// kernel without hugepages has no such dir: no pools. The machine's pools are under
+/// `/sys/kernel/mm/hugepages`, a NUMA node's under `/sys/devices/system/node/node<N>/hugepages`.
+pub fn hugepages(dir: &Path) -> Result<Vec<HugePages>, MachineError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),

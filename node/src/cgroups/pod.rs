@@ -144,7 +144,9 @@ pub fn hugepage_size(resource: &str) -> Option<String> {
 }
 
 /// `getCgroupConfig` of the node-allocatable cgroup: memory in bytes, CPU as shares, pids
-/// (nothing for a resource the list lacks).
+/// (nothing for a resource the list lacks), and the hugepage limits: each pool's allocatable
+/// bytes, 0 for a page size the host has and the list lacks (`HugePageLimits`, then
+/// `toResources`), so the pods together never take the hugepages kept for the system.
 pub fn node_allocatable_config(allocatable: &ResourceList) -> ResourceConfig {
     ResourceConfig {
         cpu_shares: allocatable
@@ -152,6 +154,7 @@ pub fn node_allocatable_config(allocatable: &ResourceList) -> ResourceConfig {
             .map(|q| milli_cpu_to_shares(milli(*q))),
         memory: allocatable.get(RESOURCE_MEMORY).map(|q| units(*q)),
         pids_limit: allocatable.get(RESOURCE_PID).map(|q| units(*q)),
+        hugepage_limits: Some(hugepage_limits(allocatable, super::hugepage_sizes())),
         ..ResourceConfig::default()
     }
 }
@@ -556,11 +559,24 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let system: ResourceList = [("pid".to_string(), q(1000))].into_iter().collect();
+        let system: ResourceList = [
+            ("pid".to_string(), q(1000)),
+            ("hugepages-2Mi".to_string(), q(256 << 20)),
+        ]
+        .into_iter()
+        .collect();
         let limits = node_allocatable_limits(&capacity, Some(4_194_304), &kube, &system, true);
         let c = node_allocatable_config(&limits);
+        // The pods' hugepages: the pool less what the system keeps, every other size the
+        // host has at 0.
+        let mut want: BTreeMap<String, u64> = crate::cgroups::hugepage_sizes()
+            .iter()
+            .map(|s| (s.clone(), 0))
+            .collect();
+        want.insert("2MB".to_string(), 768 << 20);
+        assert_eq!(c.hugepage_limits, Some(want));
         assert_eq!(c.cpu_shares, Some(1945), "1900m");
-        assert_eq!(c.memory, Some((8 << 30) - (256 << 20) - (1 << 30)));
+        assert_eq!(c.memory, Some((8 << 30) - (256 << 20) - (768 << 20)));
         assert_eq!(c.pids_limit, Some(4_194_304 - 1000));
         let c = node_allocatable_config(&node_allocatable_limits(
             &capacity, None, &kube, &system, false,

@@ -13,7 +13,10 @@
 //!    from them (`node.kubernetes.io/memory-pressure:NoSchedule`..., upstream's
 //!    TaintNodesByCondition), and [`admit`] refuses new pods with them;
 //! 4. for disk, first removes dead containers and unused images (CRI `RemoveContainer`,
-//!    `RemoveImage`) and measures again: no pod is evicted when that was enough;
+//!    `RemoveImage`) and measures again: no pod is evicted when that was enough. An image
+//!    first seen less than `--minimum-image-ttl-duration` ago is kept
+//!    (`crate::images::gc`: the records are brought up to date at the first pass, every
+//!    five minutes and at each collection);
 //! 5. ranks the active pods ([`rank`]) and evicts the first one that is not critical, at most
 //!    one per pass: its worker stops it (1 s for a hard threshold, else
 //!    `--eviction-max-pod-grace-period`) and writes it `Failed`, reason `Evicted`, with the
@@ -32,7 +35,7 @@ pub mod rank;
 pub mod signals;
 pub mod thresholds;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -47,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::cri::{Cri, api};
+use crate::images::gc::ImageRecords;
 use crate::kubelet::Kubelet;
 use crate::kubelet::admission::Rejection;
 use crate::machine::Pressure;
@@ -155,17 +159,21 @@ pub struct EvictionManager {
     conditions: watch::Sender<Pressure>,
     /// Images never removed (the sandbox image, which runs no container of its own).
     pinned_images: Vec<String>,
+    /// Image GC's records: when each image was first seen and last used.
+    images: Mutex<ImageRecords>,
     state: Mutex<State>,
 }
 
 impl EvictionManager {
     /// A manager for `kubelet`'s pods; it publishes the node conditions on `conditions`
-    /// (whose receivers are the node status loop and the kubelet's admission).
+    /// (whose receivers are the node status loop and the kubelet's admission), and removes
+    /// no image younger than `image_min_age` (`--minimum-image-ttl-duration`).
     pub fn new(
         config: EvictionConfig,
         kubelet: Arc<Kubelet>,
         conditions: watch::Sender<Pressure>,
         pinned_images: Vec<String>,
+        image_min_age: Duration,
     ) -> EvictionManager {
         let c = kubelet.config();
         let stats = StatsProvider::new(
@@ -190,6 +198,7 @@ impl EvictionManager {
             node_ref,
             conditions,
             pinned_images,
+            images: Mutex::new(ImageRecords::new(image_min_age)),
             state: Mutex::new(State::default()),
         }
     }
@@ -220,6 +229,14 @@ impl EvictionManager {
     /// One pass (`synchronize`).
     pub async fn synchronize(&self) -> Outcome {
         let started = Instant::now();
+        let due = self
+            .images
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .detection_due(started);
+        if due {
+            self.detect_images(started).await;
+        }
         let pods = self.kubelet.active_pods();
         let summary = match self.stats.summary(false, &pods).await {
             Ok(s) => s,
@@ -392,14 +409,15 @@ impl EvictionManager {
         }
     }
 
-    /// Image GC's `DeleteUnusedImages`: every image no container (running or not) uses, not
-    /// pinned by the runtime and not the sandbox image.
-    async fn delete_unused_images(&self) {
+    /// Image GC's `detectImages` at `now`: the runtime's images and the IDs of those its
+    /// containers (running or not) use, recorded. `None` when the runtime did not answer.
+    async fn detect_images(&self, now: Instant) -> Option<()> {
         let (Ok(images), Ok(containers)) = (
             self.cri.list_images(None).await,
             self.cri.list_containers(None).await,
         ) else {
-            return;
+            warn!("eviction manager: listing images and containers to detect images failed");
+            return None;
         };
         let used: HashSet<&str> = containers
             .iter()
@@ -410,27 +428,44 @@ impl EvictionManager {
                 ]
             })
             .collect();
-        let pinned = |i: &api::Image| {
-            i.pinned
-                || i.repo_tags
-                    .iter()
-                    .any(|t| self.pinned_images.iter().any(|p| p == t))
-        };
-        let sizes: HashMap<&str, u64> = images.iter().map(|i| (i.id.as_str(), i.size)).collect();
-        for image in images.iter().filter(|i| !pinned(i)) {
-            let in_use = used.contains(image.id.as_str())
-                || image.repo_tags.iter().any(|t| used.contains(t.as_str()));
-            if in_use {
-                continue;
-            }
-            match self.cri.remove_image(&image.id).await {
-                Ok(()) => info!(
-                    image = %image.id,
-                    tags = ?image.repo_tags,
-                    size = sizes.get(image.id.as_str()).copied().unwrap_or(0),
-                    "eviction manager: removed an unused image"
-                ),
-                Err(e) => warn!(image = %image.id, error = %e, "removing an unused image failed"),
+        let in_use: HashSet<String> = images
+            .iter()
+            .filter(|i| {
+                used.contains(i.id.as_str())
+                    || i.repo_tags.iter().any(|t| used.contains(t.as_str()))
+            })
+            .map(|i| i.id.clone())
+            .collect();
+        self.images
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .detect(&images, &in_use, &self.pinned_images, now);
+        Some(())
+    }
+
+    /// Image GC's `DeleteUnusedImages` (`freeSpace` with no bound): every image no container
+    /// (running or not) uses, not pinned by the runtime, not the sandbox image, and first
+    /// seen at least the minimum age ago.
+    async fn delete_unused_images(&self) {
+        let free_time = Instant::now();
+        if self.detect_images(free_time).await.is_none() {
+            return;
+        }
+        let removable = self
+            .images
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .removable(free_time);
+        for (id, size) in removable {
+            match self.cri.remove_image(&id).await {
+                Ok(()) => {
+                    info!(image = %id, size, "eviction manager: removed an unused image");
+                    self.images
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .removed(&id);
+                }
+                Err(e) => warn!(image = %id, error = %e, "removing an unused image failed"),
             }
         }
     }

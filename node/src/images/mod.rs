@@ -1,10 +1,12 @@
 //! Images without the internet: import of image tarballs into containerd ([`import`], checked
 //! first by [`archive`]), a builder of small deterministic images from host files ([`build`]:
 //! the pause image, the tests' busybox), and the images folder under the data dir whose
-//! tarballs are imported at start and whenever one appears ([`watch`]).
+//! tarballs are imported at start and whenever one appears ([`watch`]), and what image
+//! garbage collection knows of each image, its minimum age included ([`gc`]).
 
 pub mod archive;
 pub mod build;
+pub mod gc;
 pub mod import;
 pub mod reference;
 pub mod watch;

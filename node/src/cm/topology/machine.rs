@@ -2,13 +2,17 @@
 //! `pkg/kubelet/cm/cpumanager/topology/topology.go` `Discover`, over cadvisor's machine
 //! info): every online CPU with its core, socket and NUMA node, and each NUMA node's memory.
 //! Read from /sys: `devices/system/cpu/online`, `cpu<N>/topology/{core_id,
-//! physical_package_id}`, `devices/system/node/node<N>/{cpulist,meminfo}`. A kernel without
-//! NUMA (no `node<N>` folders) is one node, 0, holding every CPU and `/proc/meminfo`'s memory.
+//! physical_package_id}`, `devices/system/node/node<N>/{cpulist,meminfo}`, and each node's
+//! hugepage pools from `devices/system/node/node<N>/hugepages/hugepages-<size>kB/nr_hugepages`
+//! (cadvisor's `GetNodesInfo`, what the memory manager's `Static` policy allocates from). A
+//! kernel without NUMA (no `node<N>` folders) is one node, 0, holding every CPU,
+//! `/proc/meminfo`'s memory and the machine's pools (`kernel/mm/hugepages`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::checkpoint::cpu_manager::{CpuSet, parse_cpuset};
+use crate::machine::HugePages;
 
 use super::bitmask::MAX_BITS;
 
@@ -28,6 +32,9 @@ pub struct Machine {
     pub cpus: Vec<CpuInfo>,
     /// NUMA node -> memory in bytes (`MemTotal`).
     pub numa_memory: BTreeMap<u32, u64>,
+    /// NUMA node -> its hugepage pools (page size, `nr_hugepages`); a node without pools
+    /// has no entry.
+    pub numa_hugepages: BTreeMap<u32, Vec<HugePages>>,
 }
 
 fn read(path: &Path) -> Result<String, String> {
@@ -59,6 +66,7 @@ impl Machine {
         let node_dir = sys.join("devices/system/node");
         let mut numa_of: BTreeMap<u32, u32> = BTreeMap::new();
         let mut numa_memory = BTreeMap::new();
+        let mut numa_hugepages = BTreeMap::new();
         if let Ok(entries) = std::fs::read_dir(&node_dir) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
@@ -82,11 +90,21 @@ impl Machine {
                     .and_then(|t| mem_total(&t))
                     .unwrap_or(0);
                 numa_memory.insert(id, mem);
+                let pools = crate::machine::hugepages(&e.path().join("hugepages"))
+                    .map_err(|err| err.to_string())?;
+                if !pools.is_empty() {
+                    numa_hugepages.insert(id, pools);
+                }
             }
         }
         if numa_memory.is_empty() {
             let mem = mem_total(&read(proc_meminfo)?).unwrap_or(0);
             numa_memory.insert(0, mem);
+            let pools = crate::machine::hugepages(&sys.join("kernel/mm/hugepages"))
+                .map_err(|err| err.to_string())?;
+            if !pools.is_empty() {
+                numa_hugepages.insert(0, pools);
+            }
         }
         // Core ids made unique per (socket, core_id), in the order the CPUs come.
         let mut cores: BTreeMap<(u32, u32), u32> = BTreeMap::new();
@@ -107,7 +125,11 @@ impl Machine {
         if cpus.is_empty() {
             return Err(format!("no online CPU in {}", cpu_dir.display()));
         }
-        Ok(Machine { cpus, numa_memory })
+        Ok(Machine {
+            cpus,
+            numa_memory,
+            numa_hugepages,
+        })
     }
 
     /// The machine's own topology (`/sys`, `/proc/meminfo`).
@@ -127,7 +149,11 @@ impl Machine {
             })
             .collect();
         let numa_memory = cpus.iter().map(|c| (c.numa, memory_per_node)).collect();
-        Machine { cpus, numa_memory }
+        Machine {
+            cpus,
+            numa_memory,
+            numa_hugepages: BTreeMap::new(),
+        }
     }
 
     /// The NUMA node ids, ascending.
@@ -208,7 +234,29 @@ mod tests {
             "Node 1 MemTotal:       2048 kB\n",
         );
         write(root, "devices/system/node/online", "0-1\n");
+        write(
+            root,
+            "devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages",
+            "4\n",
+        );
+        write(
+            root,
+            "devices/system/node/node1/hugepages/hugepages-1048576kB/nr_hugepages",
+            "0\n",
+        );
         let m = Machine::discover(root, &root.join("meminfo")).expect("machine");
+        assert_eq!(m.numa_hugepages.get(&0), None, "node 0 has no pools");
+        let pools: Vec<(String, u64)> = m.numa_hugepages[&1]
+            .iter()
+            .map(|p| (p.resource_name(), p.count))
+            .collect();
+        assert_eq!(
+            pools,
+            [
+                ("hugepages-2Mi".to_string(), 4),
+                ("hugepages-1Gi".to_string(), 0)
+            ]
+        );
         assert_eq!(m.numa_nodes(), vec![0, 1]);
         assert_eq!(m.numa_memory[&1], 2 << 20);
         assert_eq!(m.cpus_in_numa(&[1]), CpuSet::from([2, 3]));
