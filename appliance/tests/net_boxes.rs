@@ -1,12 +1,17 @@
-//! The pod network across three boxes (issue 20, "Show it on three boxes"): three network
+//! The network across three boxes (issue 20, "Show it on three boxes"): three network
 //! namespaces on one bridge, each running `skerry server` as one Raft member with its node
-//! agent and containerd ([`common::boxes`]), and `skerry_net::routes::run` in each box against
-//! its own server.
+//! agent, its containerd and its network (routes, masquerade, service proxy, localhost
+//! NodePorts, cluster DNS) ([`common::boxes`]).
 //!
 //! What it shows: three Ready Nodes with distinct podCIDRs; a pod on box a reaches busybox
 //! httpd pods pinned to boxes b and c by pod IP, and they see the client pod's own IP (host-gw
 //! routes, no masquerade inside the cluster range); the same pod reaching an address outside
 //! the cluster range (a server on the switch) is seen as box a's address (egress masquerade).
+//! Then Services: `web.default.svc.cluster.local` from a pod on box a, 3,000 new connections
+//! to the ClusterIP split over three endpoints on boxes b and c (a chi-square test), a
+//! NodePort from outside on every box and on box a's loopback, `externalTrafficPolicy: Local`
+//! keeping the client's address, ClientIP affinity pinning the client, a headless Service's
+//! name giving its pods' IPs and an ExternalName its CNAME.
 //!
 //! Needs root, containerd, runc, catatonit, busybox-static, the CNI plugins, `nsenter`, `ip`
 //! and `nft`: a failure under `CI=true`, a skip otherwise.
@@ -127,7 +132,7 @@ fn web_pod(name: &str, node: &str) -> Value {
 }
 
 #[test]
-fn pods_reach_each_other_across_boxes_by_pod_ip_and_leave_masqueraded() {
+fn three_boxes_route_pods_serve_services_and_resolve_names() {
     if missing_prerequisite()
         || missing(
             "the three-box test needs containernetworking-plugins",
@@ -235,7 +240,7 @@ fn pods_reach_each_other_across_boxes_by_pod_ip_and_leave_masqueraded() {
         "pods on b and c see the client pod's IP; the outside sees box a's"
     );
 
-    services_and_names(&boxes, client_ip);
+    services_and_names(&boxes, ranges[0]);
 }
 
 /// What the container `wget` of pod `name` on box a wrote, line by line. busybox httpd
@@ -268,7 +273,7 @@ const SERVICE_TIMEOUT: Duration = Duration::from_secs(90);
 /// address and on a box's loopback; `externalTrafficPolicy: Local` keeping the client's IP
 /// where Cluster masquerades; ClientIP affinity pinning a client; a headless Service's name
 /// giving its pods' IPs and an ExternalName its CNAME.
-fn services_and_names(boxes: &Boxes, client_ip: &str) {
+fn services_and_names(boxes: &Boxes, client_range: PodRange) {
     boxes.ok(
         0,
         &["apply", "-f", "-"],
@@ -327,10 +332,11 @@ fn services_and_names(boxes: &Boxes, client_ip: &str) {
             &format!("{}:{np}", boxes::box_ip(i)),
             "/cgi-bin/ip",
         );
-        assert_eq!(
-            from,
-            boxes::box_ip(i),
-            "policy Cluster: the endpoint sees the box the client came through"
+        // Masqueraded by the box the client came through: its address on the segment, or on
+        // its pod bridge when the endpoint picked is on that box itself.
+        assert!(
+            from == boxes::box_ip(i) || from.starts_with("10.42."),
+            "policy Cluster: the endpoint sees box {i}, not the client: {from}"
         );
     }
     let from = http_in(
@@ -370,6 +376,8 @@ fn services_and_names(boxes: &Boxes, client_ip: &str) {
             .map(|l| l.trim().to_string())
             .collect()
     };
+    let client_ip = pod["status"]["podIP"].as_str().unwrap_or_default();
+    assert!(client_range.contains(client_ip.parse().expect("pod IP")));
     assert_eq!(
         tagged("N "),
         vec![client_ip.to_string()],
@@ -448,8 +456,9 @@ fn http_in(ns: &str, addr: &str, path: &str) -> String {
         if let Ok(text) = &answer
             && text.starts_with("HTTP/1.")
             && text.contains(" 200 ")
-            && let Some((_, body)) = text.split_once("\r\n\r\n")
+            && let Some(body) = text.lines().rev().find(|l| !l.trim().is_empty())
         {
+            // The body is one line (busybox's CGI ends its headers with bare newlines).
             return body.trim().replace("[::ffff:", "").replace(']', "");
         }
         assert!(
