@@ -302,7 +302,7 @@ fn apply_get_patch_scale_label_and_delete() {
         "-n",
         "shop",
         "--tcp=82:82",
-        "--clusterip=10.96.0.10",
+        "--clusterip=10.96.0.20",
     ]);
     k.ok(&["delete", "svc", "static", "-n", "shop"]);
     k.ok(&[
@@ -313,7 +313,7 @@ fn apply_get_patch_scale_label_and_delete() {
         "-n",
         "shop",
         "--tcp=82:82",
-        "--clusterip=10.96.0.10",
+        "--clusterip=10.96.0.20",
     ]);
 
     // Patches of all three types.
