@@ -25,6 +25,7 @@ const CONNECTIONS: usize = 3000;
 const CHI2_CRIT_DF2_P001: f64 = 13.816;
 const CLUSTER_IP: &str = "10.96.0.10";
 const STREAM_IP: &str = "10.96.0.20";
+const COPY_IP: &str = "10.96.0.30";
 const NODE_IP: &str = "192.168.77.2";
 const CLIENT_IP: &str = "192.168.77.1";
 const NODE_PORT: u16 = 30080;
@@ -211,7 +212,7 @@ fn proxy_programs_a_real_table() {
         cluster_cidr: Some("10.244.0.0/16".into()),
         zone: None,
     };
-    let mut syncer = Syncer::new(Family::V4, cfg, "n1".into(), nft);
+    let mut syncer = Syncer::new(Family::V4, cfg, "n1".into(), nft.clone());
     let web = service(
         "web",
         CLUSTER_IP,
@@ -228,6 +229,18 @@ fn proxy_programs_a_real_table() {
     );
     let report = syncer.sync().expect("first sync");
     assert!(report.full, "the first sync is full");
+    // A full sync finds the old per-Service chains by these names (to flush and later delete).
+    let (chains, sets) = nft.list_names(Family::V4);
+    assert!(
+        chains
+            .iter()
+            .any(|c| c.starts_with("service-") && c.ends_with("default/web/tcp/http")),
+        "{chains:?}"
+    );
+    assert!(
+        chains.contains("services") && sets.contains("nodeport-ips"),
+        "{chains:?} {sets:?}"
+    );
 
     // 1. The ClusterIP splits new connections evenly over the three endpoints.
     let bodies = net.gets(&format!("http://{CLUSTER_IP}/"), CONNECTIONS);
@@ -314,12 +327,50 @@ fn proxy_programs_a_real_table() {
         3
     );
 
-    // 6. The last Services deleted: after the stale-chain delay the table holds nothing of them.
+    // 6. Two Services ask for one address and port (an external IP on web's ClusterIP):
+    // nftables refuses a second element with one key and would fail the whole transaction,
+    // so the holder keeps it, the newcomer gets the rest of its rules, and the port passes
+    // to the newcomer when the holder goes.
+    let copy = service("copy", COPY_IP, 80, json!({"externalIPs": [CLUSTER_IP]}));
+    syncer.update_service(None, Some(&copy));
+    syncer.update_slice(
+        "default/copy-abc",
+        Some(&slice("copy", 8080, &ENDPOINTS[2..])),
+    );
+    let report = syncer
+        .sync()
+        .expect("a clashing Service does not fail the sync");
+    assert!(report.full, "a clash is settled in a full sync");
+    let ips = net.in_node("nft list map ip skerry-proxy service-ips");
+    let held: Vec<&str> = ips
+        .split([',', '{', '}'])
+        .filter(|e| e.contains(&format!("{CLUSTER_IP} . tcp . 80 ")))
+        .collect();
+    assert_eq!(held.len(), 1, "{ips}");
+    assert!(
+        held[0].contains("default/web/"),
+        "web keeps its port: {ips}"
+    );
+    assert_eq!(
+        counts(&net.gets(&format!("http://{COPY_IP}/"), 3)),
+        [0, 0, 3],
+        "the newcomer's own ClusterIP works"
+    );
+
+    // 7. The last Services deleted: after the stale-chain delay the table holds nothing of them.
     syncer.update_service(Some(&sticky), None);
     syncer.update_service(Some(&stream), None);
     syncer.update_slice("default/web-abc", None);
     syncer.update_slice("default/stream-abc", None);
     syncer.sync().expect("deletion");
+    assert_eq!(
+        counts(&net.gets(&format!("http://{CLUSTER_IP}/"), 3)),
+        [0, 0, 3],
+        "the external IP passed to copy"
+    );
+    syncer.update_service(Some(&copy), None);
+    syncer.update_slice("default/copy-abc", None);
+    syncer.sync().expect("deletion of copy");
     std::thread::sleep(Duration::from_millis(1100));
     syncer.sync().expect("stale chains deleted");
     let table = net.in_node("nft list table ip skerry-proxy");

@@ -108,20 +108,25 @@ impl Nft {
     }
 
     /// The names of the chains and sets in `family`'s table (empty when there is no table).
+    /// `list chains` and `list sets` take a family and no table (nft 1.0 refuses `list
+    /// chains ip t`), and print chains without their rules: each table's block opens with a
+    /// `table <family> <name> {` line, so only the lines inside the proxy's block count.
     pub fn list_names(&self, family: Family) -> (BTreeSet<String>, BTreeSet<String>) {
-        let t = format!("{} {TABLE}", family.nft());
+        let fam = family.nft();
         let mut chains = BTreeSet::new();
         let mut sets = BTreeSet::new();
-        let Ok(out) = self.run(&format!("list chains {t}\nlist sets {t}\n")) else {
+        let Ok(out) = self.run(&format!("list chains {fam}\nlist sets {fam}\n")) else {
             return (chains, sets);
         };
+        let mut ours = false;
         for line in out.lines() {
             let mut words = line.split_whitespace();
-            match (words.next(), words.next()) {
-                (Some("chain"), Some(name)) => {
+            match (words.next(), words.next(), words.next()) {
+                (Some("table"), Some(f), Some(name)) => ours = f == fam && name == TABLE,
+                (Some("chain"), Some(name), _) if ours => {
                     chains.insert(name.to_string());
                 }
-                (Some("set"), Some(name)) => {
+                (Some("set"), Some(name), _) if ours => {
                     sets.insert(name.to_string());
                 }
                 _ => {}
@@ -146,6 +151,14 @@ pub struct Syncer {
     last_full: Option<Instant>,
     /// Flushed chains waiting to be deleted: chain, since, owner.
     stale: BTreeMap<String, (Instant, ServiceName)>,
+    /// Which Service holds each map key in the table: nftables refuses a second element with
+    /// the same key ("File exists") and fails the whole transaction, so two Services asking
+    /// for one address, protocol and port (two `externalIPs`, an external IP on another's
+    /// ClusterIP) must not take down every other Service's sync.
+    owners: BTreeMap<(&'static str, String), ServiceName>,
+    /// Keys a Service wanted but another held at the last full sync: a partial sync touching
+    /// one of them is made full, so the key passes to the next Service when its holder goes.
+    shadowed: BTreeSet<(&'static str, String)>,
 }
 
 impl Syncer {
@@ -164,7 +177,27 @@ impl Syncer {
             need_full: true,
             last_full: None,
             stale: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            shadowed: BTreeSet::new(),
         }
+    }
+
+    /// Whether a partial sync of the dirty Services would add a key another Service holds,
+    /// or remove or add one a Service was denied: then the sync is made full, where keys are
+    /// handed out again in one pass.
+    fn partial_conflicts(&self) -> bool {
+        self.dirty.iter().any(|name| {
+            let wanted = self.rules_of(name);
+            let held = self.applied.get(name);
+            wanted
+                .elements
+                .iter()
+                .chain(held.into_iter().flat_map(|r| r.elements.iter()))
+                .any(|e| {
+                    let k = (e.map, e.key.clone());
+                    self.shadowed.contains(&k) || self.owners.get(&k).is_some_and(|o| o != name)
+                })
+        })
     }
 
     /// The family.
@@ -325,7 +358,8 @@ impl Syncer {
             || self
                 .last_full
                 .is_none_or(|t| now.duration_since(t) >= FULL_SYNC_PERIOD)
-            || self.drifted();
+            || self.drifted()
+            || self.partial_conflicts();
         let next_gen = self.generation.map_or(1, |g| g.wrapping_add(1));
         let mut script = Script::new(self.family);
         let mut new_applied: Vec<(ServiceName, ServiceRules)> = Vec::new();
@@ -336,13 +370,48 @@ impl Syncer {
             script.setup(&self.cfg);
             script.generation(None, next_gen);
             let names: Vec<ServiceName> = self.services.keys().cloned().collect();
-            let all: Vec<(ServiceName, ServiceRules)> = names
+            let mut all: Vec<(ServiceName, ServiceRules)> = names
                 .into_iter()
                 .map(|n| {
                     let r = self.rules_of(&n);
                     (n, r)
                 })
                 .collect();
+            // One holder per key: the Service that held it at the last sync if it still
+            // asks for it (a newcomer does not take a working port away), else the first in
+            // name order; the others lose that port (a warning names both) and keep the rest.
+            let mut holders: BTreeMap<(&'static str, String), ServiceName> = BTreeMap::new();
+            for (name, rules) in &all {
+                for e in &rules.elements {
+                    let k = (e.map, e.key.clone());
+                    if self.owners.get(&k) == Some(name) {
+                        holders.insert(k, name.clone());
+                    }
+                }
+            }
+            self.shadowed.clear();
+            for (name, rules) in &mut all {
+                rules.elements.retain(|e| {
+                    let k = (e.map, e.key.clone());
+                    match holders.get(&k) {
+                        Some(holder) if holder == name => true,
+                        Some(holder) => {
+                            warn!(
+                                service = %format!("{}/{}", name.namespace, name.name),
+                                holder = %format!("{}/{}", holder.namespace, holder.name),
+                                key = %e.key,
+                                "two Services ask for one address and port: the first keeps it"
+                            );
+                            self.shadowed.insert(k);
+                            false
+                        }
+                        None => {
+                            holders.insert(k, name.clone());
+                            true
+                        }
+                    }
+                });
+            }
             let active_chains: BTreeSet<&String> =
                 all.iter().flat_map(|(_, r)| r.chains.keys()).collect();
             // Service chains first emptied, so the sets they name can go.
@@ -453,6 +522,16 @@ impl Syncer {
         for c in deleted_stale {
             self.stale.remove(&c);
         }
+        self.owners = self
+            .applied
+            .iter()
+            .flat_map(|(name, rules)| {
+                rules
+                    .elements
+                    .iter()
+                    .map(move |e| ((e.map, e.key.clone()), name.clone()))
+            })
+            .collect();
         for (c, owner) in new_stale {
             self.stale.entry(c).or_insert((now, owner));
         }
