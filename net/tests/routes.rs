@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use skerry_net::routes::ip::RT_PROTO;
 use skerry_net::routes::plan::{Cidr, Peer};
-use skerry_net::routes::{Reconciler, RoutesConfig, masq};
+use skerry_net::routes::{Reconciler, RoutesConfig, masq, vxlan};
 
 /// How long a test connection may take: everything is local to one kernel.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -284,8 +284,10 @@ fn routes_follow_the_nodes_and_leave_other_routes_alone() {
         peer("c", "10.77.0.3", "10.42.2.0/24"),
         // Claims a range an administrator's route already covers.
         peer("d", "10.77.0.4", "10.42.9.0/24"),
-        // On no subnet of eth0: no host-gw path.
+        // On no subnet of eth0: no host-gw path, the overlay's.
         peer("far", "192.168.200.5", "10.42.5.0/24"),
+        // No address of the overlay's family either: no path at all.
+        peer("v6", "fd00::5", "10.42.6.0/24"),
     ];
     let sync = |peers: &[Peer]| in_ns(&na, || reconciler.sync_peers(peers).expect("sync"));
 
@@ -296,12 +298,13 @@ fn routes_follow_the_nodes_and_leave_other_routes_alone() {
         vec![
             ("10.42.1.0/24".to_string(), "10.77.0.2".to_string()),
             ("10.42.2.0/24".to_string(), "10.77.0.3".to_string()),
+            ("10.42.5.0/24".to_string(), "10.42.5.0".to_string()),
         ],
-        "the stale 10.42.7.0/24 is gone, b and c are routed, self and far are not"
+        "the stale 10.42.7.0/24 is gone, b and c are routed, far through the overlay, self and v6 not"
     );
     assert_eq!(report.plan.foreign, vec![cidr("10.42.9.0/24")]);
     assert_eq!(report.plan.unroutable.len(), 1);
-    assert_eq!(report.plan.unroutable[0].node, "far");
+    assert_eq!(report.plan.unroutable[0].node, "v6");
     let all = routes(&na);
     for (dst, gw) in [
         ("10.42.9.0/24", "10.77.0.9"),
@@ -325,9 +328,11 @@ fn routes_follow_the_nodes_and_leave_other_routes_alone() {
         vec![
             ("10.42.1.0/24".to_string(), "10.77.0.2".to_string()),
             ("10.42.2.0/24".to_string(), "10.77.0.30".to_string()),
+            ("10.42.5.0/24".to_string(), "10.42.5.0".to_string()),
         ]
     );
     peers.remove(1);
+    peers.retain(|p| p.name != "far");
     sync(&peers);
     assert_eq!(
         ours(&na),
@@ -410,4 +415,223 @@ fn pods_keep_their_ips_across_boxes_and_leave_masqueraded() {
     let ruleset = in_ns(&na, || sh(&["nft", "list", "tables"]));
     assert!(ruleset.contains("table ip skerry-nat"), "{ruleset}");
     assert!(!ruleset.contains("table ip6 skerry-nat"), "{ruleset}");
+}
+
+/// Box `a` (10.77.0.1) and box `c` (10.78.0.3) on two segments joined by a router namespace
+/// `r` that forwards between them and knows nothing of the pod ranges; each box has `cni0`
+/// over its range and one pod (10.42.0.2, 10.42.2.2). Returns (a, c, pod a, pod c, router).
+fn boxes_behind_a_router(nss: &mut Namespaces) -> [String; 5] {
+    let (na, nc, nr) = (nss.add("a"), nss.add("c"), nss.add("r"));
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &nr,
+        "sysctl",
+        "-qw",
+        "net.ipv4.ip_forward=1",
+    ]);
+    let mut pods = Vec::new();
+    for (ns, side, addr, router, gw, pod, pod_ip) in [
+        (
+            &na,
+            "ra",
+            "10.77.0.1/24",
+            "10.77.0.254",
+            "10.42.0.1",
+            "pa",
+            "10.42.0.2/24",
+        ),
+        (
+            &nc,
+            "rc",
+            "10.78.0.3/24",
+            "10.78.0.254",
+            "10.42.2.1",
+            "pc",
+            "10.42.2.2/24",
+        ),
+    ] {
+        sh(&[
+            "ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", side, "netns",
+            &nr,
+        ]);
+        sh(&["ip", "-n", ns, "addr", "add", addr, "dev", "eth0"]);
+        sh(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
+        sh(&["ip", "-n", ns, "route", "add", "default", "via", router]);
+        sh(&[
+            "ip",
+            "-n",
+            &nr,
+            "addr",
+            "add",
+            &format!("{router}/24"),
+            "dev",
+            side,
+        ]);
+        sh(&["ip", "-n", &nr, "link", "set", side, "up"]);
+        sh(&["ip", "-n", ns, "link", "add", "cni0", "type", "bridge"]);
+        sh(&[
+            "ip",
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{gw}/24"),
+            "dev",
+            "cni0",
+        ]);
+        sh(&["ip", "-n", ns, "link", "set", "cni0", "up"]);
+        let pns = nss.add(pod);
+        pods.push(pns.clone());
+        sh(&[
+            "ip", "-n", &pns, "link", "add", "eth0", "type", "veth", "peer", "name", "vpod",
+            "netns", ns,
+        ]);
+        sh(&[
+            "ip", "-n", ns, "link", "set", "vpod", "master", "cni0", "up",
+        ]);
+        sh(&["ip", "-n", &pns, "addr", "add", pod_ip, "dev", "eth0"]);
+        sh(&["ip", "-n", &pns, "link", "set", "eth0", "up"]);
+        sh(&["ip", "-n", &pns, "route", "add", "default", "via", gw]);
+    }
+    [na, nc, pods[0].clone(), pods[1].clone(), nr]
+}
+
+/// The MSS `ss` reports for the one established TCP connection on `port` in namespace `ns`.
+fn established_mss(ns: &str, port: u16) -> Option<u32> {
+    let out = sh(&[
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        "ss",
+        "-tniH",
+        "state",
+        "established",
+        "sport",
+        "=",
+        &format!(":{port}"),
+    ]);
+    out.split_whitespace()
+        .find_map(|w| w.strip_prefix("mss:"))
+        .and_then(|m| m.parse().ok())
+}
+
+#[test]
+fn pods_behind_a_router_are_reached_through_the_overlay() {
+    if missing() {
+        return;
+    }
+    let mut nss = Namespaces::new();
+    let [na, nc, pa, pc, nr] = boxes_behind_a_router(&mut nss);
+    let peers = vec![
+        peer("a", "10.77.0.1", "10.42.0.0/24"),
+        peer("c", "10.78.0.3", "10.42.2.0/24"),
+    ];
+    let reconcilers: Vec<Reconciler> = [(&na, "a", "10.77.0.1"), (&nc, "c", "10.78.0.3")]
+        .into_iter()
+        .map(|(ns, name, ip)| {
+            in_ns(ns, || {
+                let cfg = config(name, ip);
+                masq::enable_forwarding(&cfg.cluster_cidrs).expect("forwarding");
+                masq::apply(&cfg.cluster_cidrs).expect("masquerade");
+                let r = Reconciler::new(&cfg).expect("new");
+                assert_eq!(r.overlay(), Some(vxlan::DEVICE));
+                let report = r.sync_peers(&peers).expect("sync");
+                assert!(report.errors.is_empty(), "{:?}", report.errors);
+                assert!(report.plan.unroutable.is_empty(), "{:?}", report.plan);
+                r
+            })
+        })
+        .collect();
+    let sync_a = |peers: &[Peer]| {
+        in_ns(&na, || {
+            let report = reconcilers[0].sync_peers(peers).expect("sync");
+            assert!(report.errors.is_empty(), "{:?}", report.errors);
+        })
+    };
+
+    // The route, neighbour and forwarding entry on a for c's range.
+    assert_eq!(
+        ours(&na),
+        vec![("10.42.2.0/24".to_string(), "10.42.2.0".to_string())]
+    );
+    let neigh = sh(&["ip", "-n", &na, "neigh", "show", "dev", vxlan::DEVICE]);
+    let mac_c = vxlan::vtep_mac("10.78.0.3".parse().expect("ip"));
+    assert!(
+        neigh.contains(&format!("10.42.2.0 lladdr {mac_c} PERMANENT")),
+        "{neigh}"
+    );
+    let fdb = in_ns(&na, || sh(&["bridge", "fdb", "show", "dev", vxlan::DEVICE]));
+    assert!(fdb.contains(&format!("{mac_c} dst 10.78.0.3")), "{fdb}");
+    // The router has no route to any pod range: whatever gets through was tunnelled.
+    let router_routes = sh(&["ip", "-n", &nr, "route", "show"]);
+    assert!(!router_routes.contains("10.42."), "{router_routes}");
+
+    // Pod to pod across the router, both ways, with the pods' own addresses.
+    let (seen, client) = observe(&pc, "10.42.2.2:8080", &pa);
+    assert_eq!(client, Ok(()));
+    assert_eq!(seen, Some("10.42.0.2".parse().expect("ip")));
+    let (seen, client) = observe(&pa, "10.42.0.2:8080", &pc);
+    assert_eq!(client, Ok(()));
+    assert_eq!(seen, Some("10.42.2.2".parse().expect("ip")));
+    // The host's own connection to a remote pod leaves with the device's address, inside the
+    // pod ranges, and its answer comes back through the tunnel.
+    let (seen, client) = observe(&pc, "10.42.2.2:8081", &na);
+    assert_eq!(client, Ok(()));
+    assert_eq!(seen, Some("10.42.0.0".parse().expect("ip")));
+
+    // A connection through the tunnel has its MSS clamped to the tunnel's MTU (1450 - 40)
+    // from its SYN on, before any packet could teach either side the path's MTU (so first,
+    // before the big transfer below leaves a learned MTU in the routing cache).
+    let listener = in_ns(&pc, || TcpListener::bind("10.42.2.2:8091").expect("bind"));
+    let _held = in_ns(&pa, || {
+        TcpStream::connect_timeout(&"10.42.2.2:8091".parse().expect("addr"), CONNECT_TIMEOUT)
+            .expect("connect")
+    });
+    let (_accepted, _) = listener.accept().expect("accept");
+    let mss = established_mss(&pc, 8091).expect("mss in ss");
+    assert!(
+        mss <= 1450 - 40,
+        "the server's MSS toward the tunnel is {mss}, not clamped"
+    );
+
+    // A megabyte crosses the tunnel.
+    let listener = in_ns(&pc, || TcpListener::bind("10.42.2.2:8090").expect("bind"));
+    const BYTES: usize = 1 << 20;
+    std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            let (mut c, _) = listener.accept().expect("accept");
+            c.write_all(&vec![7u8; BYTES]).expect("send");
+        });
+        let received = in_ns(&pa, || {
+            let mut c = TcpStream::connect_timeout(
+                &"10.42.2.2:8090".parse().expect("addr"),
+                CONNECT_TIMEOUT,
+            )
+            .expect("connect");
+            c.set_read_timeout(Some(CONNECT_TIMEOUT * 3))
+                .expect("timeout");
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).expect("read");
+            got.len()
+        });
+        server.join().expect("server");
+        assert_eq!(received, BYTES);
+    });
+    // Someone deletes the device: the next sync creates it again and the path is back.
+    sh(&["ip", "-n", &na, "link", "del", vxlan::DEVICE]);
+    sync_a(&peers);
+    let (seen, client) = observe(&pc, "10.42.2.2:8082", &pa);
+    assert_eq!(client, Ok(()));
+    assert_eq!(seen, Some("10.42.0.2".parse().expect("ip")));
+
+    // c's Node is deleted: its route, neighbour and forwarding entries go.
+    sync_a(&peers[..1]);
+    assert!(ours(&na).is_empty());
+    let neigh = sh(&["ip", "-n", &na, "neigh", "show", "dev", vxlan::DEVICE]);
+    assert!(!neigh.contains("lladdr"), "{neigh}");
+    let fdb = in_ns(&na, || sh(&["bridge", "fdb", "show", "dev", vxlan::DEVICE]));
+    assert!(!fdb.contains("dst"), "{fdb}");
 }

@@ -26,29 +26,43 @@ pub const TABLE: &str = "main";
 pub enum IpError {
     #[error("run {IP}: {0}")]
     Spawn(std::io::Error),
-    #[error("{IP} {args}: {stderr}")]
+    #[error("{args}: {stderr}")]
     Failed { args: String, stderr: String },
     #[error("{IP} {args}: unreadable JSON: {why}")]
     Json { args: String, why: String },
 }
 
 /// Runs `ip args`, returning stdout.
-fn run(args: &[&str]) -> Result<Vec<u8>, IpError> {
-    let out = Command::new(IP)
+pub(crate) fn run(args: &[&str]) -> Result<Vec<u8>, IpError> {
+    run_program(IP, args)
+}
+
+/// Runs `program args` (an iproute2 program), returning stdout.
+pub(crate) fn run_program(program: &str, args: &[&str]) -> Result<Vec<u8>, IpError> {
+    let out = Command::new(program)
         .args(args)
         .output()
         .map_err(IpError::Spawn)?;
     if !out.status.success() {
         return Err(IpError::Failed {
-            args: args.join(" "),
+            args: format!("{program} {}", args.join(" ")),
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         });
     }
     Ok(out.stdout)
 }
 
-fn json<T: for<'de> Deserialize<'de>>(args: &[&str]) -> Result<T, IpError> {
+/// Runs `ip args` and parses its JSON.
+pub(crate) fn json<T: for<'de> Deserialize<'de>>(args: &[&str]) -> Result<T, IpError> {
     let out = run(args)?;
+    parse_json(args, &out)
+}
+
+/// Parses the JSON an iproute2 program printed for `args`.
+pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(
+    args: &[&str],
+    out: &[u8],
+) -> Result<T, IpError> {
     // `ip -json` prints nothing at all for an empty list on some versions.
     if out.iter().all(u8::is_ascii_whitespace) {
         return serde_json::from_str("[]").map_err(|e| IpError::Json {
@@ -56,7 +70,7 @@ fn json<T: for<'de> Deserialize<'de>>(args: &[&str]) -> Result<T, IpError> {
             why: e.to_string(),
         });
     }
-    serde_json::from_slice(&out).map_err(|e| IpError::Json {
+    serde_json::from_slice(out).map_err(|e| IpError::Json {
         args: args.join(" "),
         why: e.to_string(),
     })
@@ -68,6 +82,8 @@ struct JsonRoute {
     gateway: Option<String>,
     dev: Option<String>,
     protocol: Option<String>,
+    #[serde(default)]
+    flags: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -106,6 +122,7 @@ pub fn list_routes() -> Result<(Vec<Listed>, Vec<Listed>), IpError> {
                 gateway: r.gateway.as_deref().and_then(|g| g.parse().ok()),
                 dev: r.dev,
                 protocol: r.protocol,
+                onlink: r.flags.iter().any(|f| f == "onlink"),
             };
             if is_ours(listed.protocol.as_deref()) {
                 ours.push(listed);
@@ -148,10 +165,13 @@ pub fn install(route: &Route) -> Result<(), IpError> {
     let dst = route.dst.to_string();
     let gw = route.gateway.to_string();
     let proto = RT_PROTO.to_string();
-    run(&[
+    let mut args = vec![
         "route", "replace", &dst, "via", &gw, "dev", &route.dev, "proto", &proto, "table", TABLE,
-    ])
-    .map(drop)
+    ];
+    if route.onlink {
+        args.push("onlink");
+    }
+    run(&args).map(drop)
 }
 
 /// Removes our route to `dst` (only ours: the protocol is part of the match).

@@ -17,6 +17,11 @@
 //! which must pass netfilter to be un-DNATed (else the client sees the endpoint's address and
 //! resets): `net.bridge.bridge-nf-call-iptables` (and `-ip6tables`) on, as kube-proxy and
 //! the kubelet require, where the kernel has `br_netfilter`.
+//!
+//! The same table clamps the MSS of TCP connections forwarded out of the VXLAN overlay
+//! ([`super::vxlan`]) to the route's MTU (`tcp option maxseg size set rt mtu`): pods keep their
+//! bridge's 1500 bytes, the tunnel carries 50 fewer, and a pod must not depend on an ICMP
+//! "fragmentation needed" finding its way back to learn that.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -30,6 +35,9 @@ pub const TABLE: &str = "skerry-nat";
 /// The chain, hooked at `postrouting` with the `srcnat` priority (100), where masquerading
 /// belongs (nftables' standard priority names, `nft(8)` "CHAINS").
 pub const CHAIN: &str = "postrouting";
+/// The chain clamping the MSS of TCP connections that leave through the overlay, hooked at
+/// `forward` with the `mangle` priority (-150), where packet fields are rewritten.
+pub const CLAMP_CHAIN: &str = "overlay-mss";
 /// IPv4 multicast (RFC 5771): not masqueraded, as flannel leaves `224.0.0.0/4` alone.
 const MULTICAST_V4: &str = "224.0.0.0/4";
 /// IPv6 multicast (RFC 4291), the same for IPv6 (flannel's `ff00::/8`).
@@ -82,7 +90,12 @@ pub fn ruleset(cluster_cidrs: &[Cidr]) -> String {
              \t\t{addr} saddr {set} {addr} daddr {multicast} return\n\
              \t\t{addr} saddr {set} masquerade fully-random\n\
              \t}}\n\
-             }}\n"
+             \tchain {CLAMP_CHAIN} {{\n\
+             \t\ttype filter hook forward priority mangle; policy accept;\n\
+             \t\toifname \"{overlay}\" tcp flags syn / syn,rst tcp option maxseg size set rt mtu\n\
+             \t}}\n\
+             }}\n",
+            overlay = super::vxlan::DEVICE
         ));
     }
     out
@@ -169,6 +182,9 @@ mod tests {
         let text = ruleset(&[Cidr::parse("10.42.0.0/16").expect("cidr")]);
         assert!(text.contains("ip saddr { 10.42.0.0/16 } ip daddr { 10.42.0.0/16 } return"));
         assert!(text.contains("ip saddr { 10.42.0.0/16 } masquerade fully-random"));
+        assert!(text.contains(
+            "oifname \"skerry-vxlan\" tcp flags syn / syn,rst tcp option maxseg size set rt mtu"
+        ));
         assert!(text.contains("delete table ip6 skerry-nat"));
         assert!(!text.contains("table ip6 skerry-nat {"));
         for line in text

@@ -14,8 +14,10 @@
 //! informer, and every [`CHECK_PERIOD`] besides, which also repairs routes and the NAT table
 //! someone else deleted.
 //!
-//! Not here: the VXLAN overlay for peers on another segment. Such a peer's ranges are logged
-//! as unroutable on every sync ([`plan::Plan::unroutable`]) rather than routed badly.
+//! A peer on no subnet of our link (behind a router) is reached through the VXLAN overlay
+//! instead ([`vxlan`], flannel's `vxlan` backend with `DirectRouting`): same segment, plain
+//! routes; another segment, the tunnel. Where the kernel has no VXLAN, such a peer's ranges are
+//! logged as unroutable on every sync ([`plan::Plan::unroutable`]) rather than routed badly.
 //!
 //! Routes and the table are changed with iproute2's `ip` and `nft` (`-json` to read), not
 //! netlink from Rust: see [`ip`].
@@ -23,6 +25,7 @@
 pub mod ip;
 pub mod masq;
 pub mod plan;
+pub mod vxlan;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -35,7 +38,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use plan::{Cidr, Peer, Plan};
+use plan::{Cidr, Overlay, Peer, Plan};
 
 /// How often the table is compared with the Nodes without any Node changing: flannel's
 /// host-gw backend re-checks its routes every 10 s (`pkg/backend/route_network.go`,
@@ -82,19 +85,40 @@ pub struct SyncReport {
 pub struct Reconciler {
     node_name: String,
     link: String,
+    /// The overlay device's spec; `None` when the overlay could not be created (no VXLAN in
+    /// the kernel): off-link peers are then unroutable.
+    overlay: Option<vxlan::Device>,
 }
 
 impl Reconciler {
-    /// A reconciler for `config`, resolving the link when the config names none.
+    /// A reconciler for `config`, resolving the link when the config names none, and the
+    /// overlay device created (a kernel without VXLAN gets a warning and no overlay).
     pub fn new(config: &RoutesConfig) -> Result<Reconciler, RoutesError> {
         let link = match &config.link {
             Some(l) => l.clone(),
             None => ip::link_of(config.node_ip)?.ok_or(RoutesError::NoLink(config.node_ip))?,
         };
+        let device = vxlan::Device {
+            local: config.node_ip,
+            link: link.clone(),
+        };
+        let overlay = match device.ensure() {
+            Ok(()) => Some(device),
+            Err(e) => {
+                warn!(error = %e, "no VXLAN overlay: nodes on other segments stay unreachable");
+                None
+            }
+        };
         Ok(Reconciler {
             node_name: config.node_name.clone(),
             link,
+            overlay,
         })
+    }
+
+    /// The overlay device's name, when there is one.
+    pub fn overlay(&self) -> Option<&str> {
+        self.overlay.as_ref().map(|_| vxlan::DEVICE)
     }
 
     /// The link routes go out of.
@@ -111,6 +135,19 @@ impl Reconciler {
 
     /// [`Reconciler::sync`] over peers already read off their Nodes.
     pub fn sync_peers(&self, peers: &[Peer]) -> Result<SyncReport, RoutesError> {
+        let mut errors = Vec::new();
+        // The overlay first: its device (recreated if someone deleted or changed it), its
+        // addresses and entries, so the routes written below find their gateways' MACs.
+        let overlay = self.overlay.as_ref().and_then(|d| match d.ensure() {
+            Ok(()) => Some(Overlay {
+                dev: vxlan::DEVICE.to_string(),
+                local: d.local,
+            }),
+            Err(e) => {
+                errors.push(e.to_string());
+                None
+            }
+        });
         let prefixes = ip::link_prefixes(&self.link)?;
         let (ours, others) = ip::list_routes()?;
         let plan = plan::plan(
@@ -120,8 +157,24 @@ impl Reconciler {
             peers,
             &ours,
             &others,
+            overlay.as_ref(),
         );
-        let mut errors = Vec::new();
+        if overlay.is_some() {
+            if let Err(e) = vxlan::sync_addresses(&plan.own_ranges) {
+                errors.push(e.to_string());
+            }
+            match vxlan::sync_entries(&plan.vteps) {
+                Ok(r) if r != vxlan::EntriesReport::default() => {
+                    info!(
+                        written = r.written,
+                        removed = r.removed,
+                        "overlay entries synced"
+                    )
+                }
+                Ok(_) => {}
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
         for dst in &plan.remove {
             match ip::remove(*dst) {
                 Ok(()) => info!(%dst, "route removed"),
@@ -131,7 +184,7 @@ impl Reconciler {
         for route in &plan.install {
             match ip::install(route) {
                 Ok(()) => {
-                    info!(dst = %route.dst, via = %route.gateway, dev = %route.dev, "route installed")
+                    info!(dst = %route.dst, via = %route.gateway, dev = %route.dev, onlink = route.onlink, "route installed")
                 }
                 Err(e) => errors.push(e.to_string()),
             }
@@ -170,7 +223,7 @@ pub async fn run(
     masq::enable_forwarding(&cidrs)?;
     masq::apply(&cidrs)?;
     let reconciler = Arc::new(Reconciler::new(&config)?);
-    info!(node = %config.node_name, link = %reconciler.link(), "pod routes starting");
+    info!(node = %config.node_name, link = %reconciler.link(), overlay = ?reconciler.overlay(), "pod routes starting");
     let informer = SharedInformer::<Node>::new(client.api::<Node>(None), None);
     let wake = Arc::new(Notify::new());
     informer.add_handler(Wake(wake.clone()));

@@ -116,12 +116,35 @@ impl Peer {
     }
 }
 
-/// One route of ours: a peer's pod range through that peer's address on our link.
+/// One route of ours: a peer's pod range through that peer's address on our link (host-gw),
+/// or through the peer's range network address on the overlay device, `onlink` (VXLAN).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub dst: Cidr,
     pub gateway: IpAddr,
     pub dev: String,
+    /// The gateway is on the device without any prefix of ours covering it.
+    pub onlink: bool,
+}
+
+/// The overlay this node has: its device, and the underlay address tunnels leave from (whose
+/// family a peer's tunnel address must share).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overlay {
+    pub dev: String,
+    pub local: IpAddr,
+}
+
+/// What the overlay device needs to reach one peer range's gateway: a permanent neighbour
+/// entry `gateway -> mac` and a forwarding entry `mac -> remote`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Vtep {
+    /// The peer range's network address (the route's gateway).
+    pub gateway: IpAddr,
+    /// The peer's VTEP MAC, derived from `remote` ([`super::vxlan::vtep_mac`]).
+    pub mac: String,
+    /// The peer's underlay address (its InternalIP of the tunnel's family).
+    pub remote: IpAddr,
 }
 
 /// A route in the table as listed: its destination, gateway, device and protocol.
@@ -132,6 +155,8 @@ pub struct Listed {
     pub dev: Option<String>,
     /// The protocol as `ip` prints it (a name from `rt_protos` or a number).
     pub protocol: Option<String>,
+    /// Listed with the `onlink` flag.
+    pub onlink: bool,
 }
 
 /// A peer range that got no route, and why.
@@ -152,9 +177,14 @@ pub struct Plan {
     /// Ranges left alone because a route we did not install already covers the same
     /// destination.
     pub foreign: Vec<Cidr>,
-    /// Ranges with no host-gw path (the peer is not on a subnet of our link, or has no
-    /// address of the range's family).
+    /// Ranges with no path (the peer is not on a subnet of our link and there is no overlay,
+    /// or it has no address of the family needed).
     pub unroutable: Vec<Unroutable>,
+    /// The overlay entries the routed off-link ranges need: the whole wanted set, which the
+    /// overlay's own sync compares with the device (the device is ours alone).
+    pub vteps: Vec<Vtep>,
+    /// This node's own pod ranges (the overlay device's addresses).
+    pub own_ranges: Vec<Cidr>,
 }
 
 impl Plan {
@@ -165,7 +195,8 @@ impl Plan {
 }
 
 /// The plan for node `me` whose link `dev` holds `link_prefixes`, given every Node's peer view
-/// and the table's routes (`ours` those with our protocol, `others` the rest).
+/// and the table's routes (`ours` those with our protocol, `others` the rest). A peer on a
+/// subnet of the link gets a host-gw route; another one the overlay's, when there is one.
 pub fn plan(
     me: &str,
     dev: &str,
@@ -173,8 +204,12 @@ pub fn plan(
     peers: &[Peer],
     ours: &[Listed],
     others: &[Listed],
+    overlay: Option<&Overlay>,
 ) -> Plan {
     let mut out = Plan::default();
+    if let Some(p) = peers.iter().find(|p| p.name == me) {
+        out.own_ranges = p.pod_cidrs.clone();
+    }
     let foreign_dsts: BTreeSet<Cidr> = others.iter().map(|r| r.dst).collect();
     // The wanted routes by destination; a range claimed by two peers (a stale Node during a
     // re-allocation) goes to the first by name, so every node picks the same.
@@ -192,42 +227,67 @@ pub fn plan(
                 .copied()
                 .filter(|ip| ip.is_ipv4() == dst.is_ipv4())
                 .collect();
-            let Some(gateway) = same_family
+            let direct = same_family
                 .iter()
                 .copied()
-                .find(|ip| link_prefixes.iter().any(|p| p.contains(*ip)))
-            else {
-                let why = if same_family.is_empty() {
-                    "the node has no InternalIP of the range's family".to_string()
-                } else {
-                    format!(
-                        "no address of the node ({}) is on a subnet of {dev}",
-                        same_family
-                            .iter()
-                            .map(IpAddr::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                };
-                out.unroutable.push(Unroutable {
-                    node: peer.name.clone(),
+                .find(|ip| link_prefixes.iter().any(|p| p.contains(*ip)));
+            // Off the link: through the overlay, to the peer's address of the tunnel's family.
+            let tunnel = overlay.and_then(|o| {
+                peer.internal_ips
+                    .iter()
+                    .copied()
+                    .find(|ip| ip.is_ipv4() == o.local.is_ipv4() && *ip != o.local)
+                    .map(|remote| (o, remote))
+            });
+            let route = match (direct, tunnel) {
+                (Some(gateway), _) => Route {
                     dst,
-                    why,
-                });
-                continue;
+                    gateway,
+                    dev: dev.to_string(),
+                    onlink: false,
+                },
+                (None, Some((o, _))) => Route {
+                    dst,
+                    gateway: dst.addr,
+                    dev: o.dev.clone(),
+                    onlink: true,
+                },
+                (None, None) => {
+                    let why = if overlay.is_some() {
+                        "the node is off this link and has no InternalIP of the overlay's family"
+                            .to_string()
+                    } else if same_family.is_empty() {
+                        "the node has no InternalIP of the range's family".to_string()
+                    } else {
+                        format!(
+                            "no address of the node ({}) is on a subnet of {dev}, and there is no overlay",
+                            same_family
+                                .iter()
+                                .map(IpAddr::to_string)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    };
+                    out.unroutable.push(Unroutable {
+                        node: peer.name.clone(),
+                        dst,
+                        why,
+                    });
+                    continue;
+                }
             };
             if foreign_dsts.contains(&dst) {
                 out.foreign.push(dst);
                 continue;
             }
-            wanted.insert(
-                dst,
-                Route {
-                    dst,
-                    gateway,
-                    dev: dev.to_string(),
-                },
-            );
+            if let (None, Some((_, remote))) = (direct, tunnel) {
+                out.vteps.push(Vtep {
+                    gateway: dst.addr,
+                    mac: super::vxlan::vtep_mac(remote),
+                    remote,
+                });
+            }
+            wanted.insert(dst, route);
         }
     }
     let mut have: BTreeMap<Cidr, &Listed> = BTreeMap::new();
@@ -236,7 +296,9 @@ pub fn plan(
     }
     for (dst, route) in &wanted {
         let same = have.get(dst).is_some_and(|r| {
-            r.gateway == Some(route.gateway) && r.dev.as_deref() == Some(route.dev.as_str())
+            r.gateway == Some(route.gateway)
+                && r.dev.as_deref() == Some(route.dev.as_str())
+                && r.onlink == route.onlink
         });
         if !same {
             out.install.push(route.clone());
@@ -276,6 +338,7 @@ mod tests {
             gateway: Some(ip(gw)),
             dev: Some(dev.into()),
             protocol: Some("110".into()),
+            onlink: false,
         }
     }
 
@@ -300,19 +363,21 @@ mod tests {
             peer("b", &["10.77.0.2"], &["10.42.1.0/24"]),
             peer("c", &["10.77.0.3"], &["10.42.2.0/24"]),
         ];
-        let p = plan("a", "eth0", &link, &peers, &[], &[]);
+        let p = plan("a", "eth0", &link, &peers, &[], &[], None);
         assert_eq!(
             p.install,
             vec![
                 Route {
                     dst: cidr("10.42.1.0/24"),
                     gateway: ip("10.77.0.2"),
-                    dev: "eth0".into()
+                    dev: "eth0".into(),
+                    onlink: false,
                 },
                 Route {
                     dst: cidr("10.42.2.0/24"),
                     gateway: ip("10.77.0.3"),
-                    dev: "eth0".into()
+                    dev: "eth0".into(),
+                    onlink: false,
                 },
             ]
         );
@@ -327,7 +392,7 @@ mod tests {
             ours("10.42.1.0/24", "10.77.0.2", "eth0"),
             ours("10.42.9.0/24", "10.77.0.9", "eth0"),
         ];
-        let p = plan("a", "eth0", &link, &peers, &table, &[]);
+        let p = plan("a", "eth0", &link, &peers, &table, &[], None);
         assert!(p.install.is_empty());
         assert_eq!(p.remove, vec![cidr("10.42.9.0/24")]);
     }
@@ -337,7 +402,7 @@ mod tests {
         let link = [cidr("10.77.0.1/24")];
         let peers = [peer("b", &["10.77.0.20"], &["10.42.1.0/24"])];
         let table = [ours("10.42.1.0/24", "10.77.0.2", "eth0")];
-        let p = plan("a", "eth0", &link, &peers, &table, &[]);
+        let p = plan("a", "eth0", &link, &peers, &table, &[], None);
         assert_eq!(p.install.len(), 1);
         assert_eq!(p.install[0].gateway, ip("10.77.0.20"));
         assert!(p.remove.is_empty());
@@ -356,13 +421,87 @@ mod tests {
             gateway: Some(ip("10.77.0.254")),
             dev: Some("eth0".into()),
             protocol: Some("static".into()),
+            onlink: false,
         }];
-        let p = plan("a", "eth0", &link, &peers, &[], &others);
+        let p = plan("a", "eth0", &link, &peers, &[], &others, None);
         assert!(p.install.is_empty());
         assert_eq!(p.foreign, vec![cidr("10.42.1.0/24")]);
         assert_eq!(p.unroutable.len(), 2);
         assert!(p.unroutable[0].why.contains("192.168.5.5"));
         assert!(p.unroutable[1].why.contains("family"));
+    }
+
+    #[test]
+    fn peers_behind_a_router_go_through_the_overlay_and_on_link_ones_stay_direct() {
+        let link = [cidr("10.77.0.1/24")];
+        let overlay = Overlay {
+            dev: "skerry-vxlan".into(),
+            local: ip("10.77.0.1"),
+        };
+        let peers = [
+            peer("a", &["10.77.0.1"], &["10.42.0.0/24"]),
+            peer("b", &["10.77.0.2"], &["10.42.1.0/24"]),
+            peer("c", &["10.78.0.3"], &["10.42.2.0/24", "fd00:42:2::/64"]),
+            peer("v6", &["fd00::9"], &["10.42.9.0/24"]),
+        ];
+        let p = plan("a", "eth0", &link, &peers, &[], &[], Some(&overlay));
+        assert_eq!(p.own_ranges, vec![cidr("10.42.0.0/24")]);
+        let by_dst = |d: &str| {
+            p.install
+                .iter()
+                .find(|r| r.dst == cidr(d))
+                .cloned()
+                .expect("route")
+        };
+        assert_eq!(by_dst("10.42.1.0/24").dev, "eth0", "on the link: host-gw");
+        let c = by_dst("10.42.2.0/24");
+        assert_eq!(
+            (c.gateway, c.dev.as_str(), c.onlink),
+            (ip("10.42.2.0"), "skerry-vxlan", true)
+        );
+        assert_eq!(by_dst("fd00:42:2::/64").gateway, ip("fd00:42:2::"));
+        assert_eq!(
+            p.vteps,
+            vec![
+                Vtep {
+                    gateway: ip("10.42.2.0"),
+                    mac: "0e:6b:0a:4e:00:03".into(),
+                    remote: ip("10.78.0.3"),
+                },
+                Vtep {
+                    gateway: ip("fd00:42:2::"),
+                    mac: "0e:6b:0a:4e:00:03".into(),
+                    remote: ip("10.78.0.3"),
+                },
+            ]
+        );
+        // No address of the tunnel's family: nothing to send the tunnel to.
+        assert_eq!(p.unroutable.len(), 1);
+        assert_eq!(p.unroutable[0].node, "v6");
+
+        // The same table again: nothing to do; a listed route without `onlink` is rewritten.
+        let listed: Vec<Listed> = p
+            .install
+            .iter()
+            .map(|r| Listed {
+                dst: r.dst,
+                gateway: Some(r.gateway),
+                dev: Some(r.dev.clone()),
+                protocol: Some("110".into()),
+                onlink: r.onlink,
+            })
+            .collect();
+        assert!(plan("a", "eth0", &link, &peers, &listed, &[], Some(&overlay)).is_empty());
+        let mut flagless = listed.clone();
+        for l in &mut flagless {
+            l.onlink = false;
+        }
+        assert_eq!(
+            plan("a", "eth0", &link, &peers, &flagless, &[], Some(&overlay))
+                .install
+                .len(),
+            2
+        );
     }
 
     #[test]
