@@ -24,15 +24,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::boxes::{self, Boxes, OUTSIDE_IP};
-use common::kube::tail;
-use common::node::{IMAGE, POD_TIMEOUT, missing, missing_prerequisite, running};
+use common::boxes::{self, Boxes, HTTPD_PORT, OUTSIDE_IP, output_lines, wait_pod, web_pod};
+use common::node::{IMAGE, missing, missing_prerequisite, running};
 use serde_json::{Value, json};
 use skerry_node::cni::{self, PodRange};
 use skerry_node::containerd::config::cni_bin_dir;
 
-/// The httpd pods' port (each pod has its own network namespace).
-const HTTPD_PORT: u16 = 8080;
 /// The outside server's port on the switch.
 const OUTSIDE_PORT: u16 = 8090;
 /// How many times (a second apart) the client pod tries each address: routes are written
@@ -90,45 +87,6 @@ impl Drop for Outside {
             let _ = t.join();
         }
     }
-}
-
-fn wait_pod(boxes: &Boxes, name: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + POD_TIMEOUT;
-    loop {
-        let out = boxes.kubectl_output(0, &["get", "pod", name, "-o", "json"], None);
-        if out.status.success() {
-            let pod: Value = serde_json::from_slice(&out.stdout).expect("pod JSON");
-            if ok(&pod) {
-                return pod;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "pod {name} not {what}: {}\n{}",
-                pod["status"],
-                boxes
-                    .boxes
-                    .iter()
-                    .map(|b| format!("--- {}\n{}", b.name, tail(&b.log_text())))
-                    .collect::<String>()
-            );
-        }
-        assert!(Instant::now() < deadline, "pod {name} not found");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// An httpd pinned to `node` whose CGI `/cgi-bin/ip` answers the client's address.
-fn web_pod(name: &str, node: &str) -> Value {
-    let script = format!(
-        "mkdir -p /tmp/w/cgi-bin && \
-         printf '#!/bin/sh\\necho Content-Type: text/plain\\necho\\necho $REMOTE_ADDR\\n' > /tmp/w/cgi-bin/ip && \
-         printf '#!/bin/sh\necho Content-Type: text/plain\necho\nhostname\n' > /tmp/w/cgi-bin/who && \
-         chmod 755 /tmp/w/cgi-bin/ip /tmp/w/cgi-bin/who && exec httpd -f -p {HTTPD_PORT} -h /tmp/w"
-    );
-    json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "web"}},
-        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "httpd", "image": IMAGE, "command": ["sh", "-c", script]}]}})
 }
 
 #[test]
@@ -241,21 +199,6 @@ fn three_boxes_route_pods_serve_services_and_resolve_names() {
     );
 
     services_and_names(&boxes, ranges[0]);
-}
-
-/// What the container `wget` of pod `name` on box a wrote, line by line. busybox httpd
-/// listens on IPv6 and gives REMOTE_ADDR as `[::ffff:a.b.c.d]`: the IPv4 address is what
-/// counts.
-fn output_lines(boxes: &Boxes, name: &str, pod: &Value) -> Vec<String> {
-    let log_path = boxes.boxes[0].data.join(format!(
-        "agent/kubelet/pods-logs/default_{name}_{}/wget/0.log",
-        pod["metadata"]["uid"].as_str().unwrap_or_default()
-    ));
-    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-    log.lines()
-        .filter_map(|l| l.split_once(" stdout F ").map(|(_, text)| text))
-        .map(|text| text.replace("[::ffff:", "").replace(']', ""))
-        .collect()
 }
 
 /// New connections a pod opens to the ClusterIP, over 3 endpoints.

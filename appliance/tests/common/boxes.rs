@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use skerry_node::images::build;
 use skerry_node::testing::remove_leftovers;
 
@@ -62,6 +62,26 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(40);
 /// The address of box `i` (0, 1, 2) on the segment.
 pub fn box_ip(i: usize) -> String {
     format!("10.77.0.{}", i + 1)
+}
+
+/// The second segment of [`Layout::ThirdBehindRouter`], where box c sits alone.
+pub const FAR_SEGMENT: &str = "10.78.0.0/24";
+/// Box c's address there.
+pub const FAR_BOX_IP: &str = "10.78.0.3";
+/// The switch's address on the second segment: the router between the two.
+pub const FAR_ROUTER_IP: &str = "10.78.0.254";
+/// The port `httpd` pods of [`web_pod`] listen on (each pod has its own network namespace).
+pub const HTTPD_PORT: u16 = 8080;
+
+/// How the boxes are wired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// All three on one switch, one segment ([`SEGMENT`]).
+    OneSwitch,
+    /// Boxes a and b on [`SEGMENT`], box c on [`FAR_SEGMENT`]; the switch namespace routes
+    /// between the two (it knows no pod range), and every box has a default route through
+    /// it: two sites behind one router.
+    ThirdBehindRouter,
 }
 
 /// What the three-box test needs beyond the pod tests' prerequisites: `nsenter`, `ip`, `nft`.
@@ -154,6 +174,11 @@ impl Boxes {
     /// Creates the switch and the boxes, starts the three servers and waits until the three
     /// Nodes are Ready with a podCIDR and the busybox image is on every box.
     pub fn start() -> Boxes {
+        Boxes::start_with(Layout::OneSwitch)
+    }
+
+    /// [`Boxes::start`] wired as `layout` says.
+    pub fn start_with(layout: Layout) -> Boxes {
         let root = tempfile::Builder::new()
             .prefix("skbox")
             .tempdir_in("/tmp")
@@ -186,6 +211,29 @@ impl Boxes {
             "br0",
         ]);
         sh(&["ip", "-n", &sw, "link", "set", "br0", "up"]);
+        if layout == Layout::ThirdBehindRouter {
+            sh(&["ip", "-n", &sw, "link", "add", "br1", "type", "bridge"]);
+            sh(&[
+                "ip",
+                "-n",
+                &sw,
+                "addr",
+                "add",
+                &format!("{FAR_ROUTER_IP}/{SEGMENT_PREFIX}"),
+                "dev",
+                "br1",
+            ]);
+            sh(&["ip", "-n", &sw, "link", "set", "br1", "up"]);
+            sh(&[
+                "ip",
+                "netns",
+                "exec",
+                &sw,
+                "sysctl",
+                "-qw",
+                "net.ipv4.ip_forward=1",
+            ]);
+        }
         for (i, name) in NAMES.iter().enumerate() {
             let ns = format!("{prefix}-{name}");
             me.add_ns(&ns);
@@ -194,8 +242,16 @@ impl Boxes {
                 "ip", "-n", &ns, "link", "add", "eth0", "type", "veth", "peer", "name", &port,
                 "netns", &sw,
             ]);
-            sh(&["ip", "-n", &sw, "link", "set", &port, "master", "br0", "up"]);
-            let ip = box_ip(i);
+            let far = layout == Layout::ThirdBehindRouter && i == 2;
+            let bridge = if far { "br1" } else { "br0" };
+            sh(&[
+                "ip", "-n", &sw, "link", "set", &port, "master", bridge, "up",
+            ]);
+            let ip = if far {
+                FAR_BOX_IP.to_string()
+            } else {
+                box_ip(i)
+            };
             sh(&[
                 "ip",
                 "-n",
@@ -207,6 +263,10 @@ impl Boxes {
                 "eth0",
             ]);
             sh(&["ip", "-n", &ns, "link", "set", "eth0", "up"]);
+            if layout == Layout::ThirdBehindRouter {
+                let router = if far { FAR_ROUTER_IP } else { OUTSIDE_IP };
+                sh(&["ip", "-n", &ns, "route", "add", "default", "via", router]);
+            }
             me.boxes.push(BoxNode {
                 name: name.to_string(),
                 netns: ns,
@@ -217,10 +277,10 @@ impl Boxes {
                 child: None,
             });
         }
-        let initial = NAMES
+        let initial = me
+            .boxes
             .iter()
-            .enumerate()
-            .map(|(i, n)| format!("{n}=http://{}:{PEER_PORT}", box_ip(i)))
+            .map(|b| format!("{}=http://{}:{PEER_PORT}", b.name, b.ip))
             .collect::<Vec<_>>()
             .join(",");
         let pki = me.root.path().join("pki");
@@ -417,4 +477,59 @@ impl Drop for Boxes {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
     }
+}
+
+/// Waits until pod `name` (asked of box a) satisfies `ok`, `what` naming it for the failure.
+pub fn wait_pod(boxes: &Boxes, name: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + POD_TIMEOUT;
+    loop {
+        let out = boxes.kubectl_output(0, &["get", "pod", name, "-o", "json"], None);
+        if out.status.success() {
+            let pod: Value = serde_json::from_slice(&out.stdout).expect("pod JSON");
+            if ok(&pod) {
+                return pod;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod {name} not {what}: {}\n{}",
+                pod["status"],
+                boxes
+                    .boxes
+                    .iter()
+                    .map(|b| format!("--- {}\n{}", b.name, tail(&b.log_text())))
+                    .collect::<String>()
+            );
+        }
+        assert!(Instant::now() < deadline, "pod {name} not found");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// An httpd pinned to `node` whose CGI `/cgi-bin/ip` answers the client's address.
+pub fn web_pod(name: &str, node: &str) -> Value {
+    let script = format!(
+        "mkdir -p /tmp/w/cgi-bin && \
+         printf '#!/bin/sh\\necho Content-Type: text/plain\\necho\\necho $REMOTE_ADDR\\n' > /tmp/w/cgi-bin/ip && \
+         printf '#!/bin/sh\necho Content-Type: text/plain\necho\nhostname\n' > /tmp/w/cgi-bin/who && \
+         chmod 755 /tmp/w/cgi-bin/ip /tmp/w/cgi-bin/who && exec httpd -f -p {HTTPD_PORT} -h /tmp/w"
+    );
+    json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "web"}},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "httpd", "image": IMAGE, "command": ["sh", "-c", script]}]}})
+}
+
+/// What the container `wget` of pod `name` on box a wrote, line by line. busybox httpd
+/// listens on IPv6 and gives REMOTE_ADDR as `[::ffff:a.b.c.d]`: the IPv4 address is what
+/// counts.
+pub fn output_lines(boxes: &Boxes, name: &str, pod: &Value) -> Vec<String> {
+    let log_path = boxes.boxes[0].data.join(format!(
+        "agent/kubelet/pods-logs/default_{name}_{}/wget/0.log",
+        pod["metadata"]["uid"].as_str().unwrap_or_default()
+    ));
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    log.lines()
+        .filter_map(|l| l.split_once(" stdout F ").map(|(_, text)| text))
+        .map(|text| text.replace("[::ffff:", "").replace(']', ""))
+        .collect()
 }
