@@ -19,6 +19,7 @@ use tracing::info;
 
 use crate::kubeconfig::Kubeconfig;
 use crate::node::{self, AgentCredentials, Identity, NodeArgs};
+use skerry_apiserver::auth::bootstrap::KUBE_PROXY_USER;
 
 /// The agent's data dir under `$HOME` when none is given: beside the server's default, not in
 /// it, so a box can run both while trying things out.
@@ -30,6 +31,8 @@ pub const KUBECONFIG_FILE: &str = "kubelet.kubeconfig";
 pub const CERT_FILE: &str = "kubelet.crt";
 /// See [`KUBECONFIG_FILE`].
 pub const KEY_FILE: &str = "kubelet.key";
+/// The node network's kubeconfig (`system:kube-proxy`), also written into `--out`.
+pub const NETWORK_KUBECONFIG_FILE: &str = "network.kubeconfig";
 
 #[derive(Parser)]
 pub struct AgentArgs {
@@ -50,6 +53,11 @@ pub struct AgentArgs {
     /// certificate authority, the cluster CA].
     #[arg(long)]
     pub client_ca_file: Option<PathBuf>,
+    /// The node network's kubeconfig: the cluster CA and kube-proxy's client certificate
+    /// (`system:kube-proxy`, which reads every Service, EndpointSlice and Node; `skerry
+    /// node-credentials` writes one). Needed unless --disable-network.
+    #[arg(long)]
+    pub network_kubeconfig: Option<PathBuf>,
     /// The agent's data dir (containerd, the kubelet's files) [default: ~/.skerry/agent].
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -108,16 +116,28 @@ pub fn node_credentials(args: NodeCredentialsArgs) -> Result<()> {
         client_key_pem: &client.key_pem,
     }
     .write(&args.out.join(KUBECONFIG_FILE))?;
+    let network = pki
+        .issue_client_cert(KUBE_PROXY_USER, &[], args.valid_for)
+        .with_context(|| format!("issue a client certificate for {KUBE_PROXY_USER}"))?;
+    Kubeconfig {
+        server_url: &args.server,
+        ca_cert_pem: pki.ca_cert_pem(),
+        user: KUBE_PROXY_USER,
+        client_cert_pem: &network.cert_pem,
+        client_key_pem: &network.key_pem,
+    }
+    .write(&args.out.join(NETWORK_KUBECONFIG_FILE))?;
     serving
         .write(&args.out.join(CERT_FILE), &args.out.join(KEY_FILE))
         .context("write the serving certificate")?;
     println!(
-        "skerry: credentials of node {} in {}: skerry agent --server {} --hostname-override {} --kubeconfig {} --tls-cert-file {} --tls-private-key-file {}",
+        "skerry: credentials of node {} in {}: skerry agent --server {} --hostname-override {} --kubeconfig {} --network-kubeconfig {} --tls-cert-file {} --tls-private-key-file {}",
         node,
         args.out.display(),
         args.server,
         node,
         args.out.join(KUBECONFIG_FILE).display(),
+        args.out.join(NETWORK_KUBECONFIG_FILE).display(),
         args.out.join(CERT_FILE).display(),
         args.out.join(KEY_FILE).display(),
     );
@@ -143,13 +163,28 @@ pub fn agent(mut args: AgentArgs) -> Result<()> {
     if args.node.cluster_dns.is_empty() && !args.node.disable_network {
         args.node.cluster_dns = vec![skerry_net::dns::DEFAULT_CLUSTER_DNS_IP];
     }
-    let credentials = AgentCredentials::read(
+    if !args.node.disable_network && args.network_kubeconfig.is_none() {
+        bail!(
+            "the node's network needs --network-kubeconfig (skerry node-credentials writes {NETWORK_KUBECONFIG_FILE}), or give --disable-network"
+        );
+    }
+    let mut credentials = AgentCredentials::read(
         &args.server,
         &args.kubeconfig,
         &args.tls_cert_file,
         &args.tls_private_key_file,
         args.client_ca_file.as_deref(),
     )?;
+    if let Some(path) = args
+        .network_kubeconfig
+        .as_ref()
+        .filter(|_| !args.node.disable_network)
+    {
+        let mut network = skerry_client::Config::from_kubeconfig(path)
+            .with_context(|| format!("--network-kubeconfig {}", path.display()))?;
+        network.server = args.server.clone();
+        credentials.network = Some(network);
+    }
     let data_dir = match &args.data_dir {
         Some(dir) => dir.clone(),
         None => {

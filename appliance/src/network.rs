@@ -1,6 +1,6 @@
 //! Wiring of the node's network (`skerry-net`) into the node agent: on every node, beside the
-//! kubelet and with its credentials (the `skerry:node-network` binding gives the nodes
-//! kube-proxy's read-only role), the routes to the other nodes' pod ranges and the egress
+//! kubelet and as kube-proxy's user (`system:kube-proxy`, bound to `system:node-proxier`: its
+//! own certificate, so the node's identity keeps reading only its own Node), the routes to the other nodes' pod ranges and the egress
 //! masquerade, the nftables service proxy, the userspace proxy of localhost NodePorts, and
 //! cluster DNS on the node's address; their metrics where kube-proxy's and CoreDNS's are
 //! scraped (`127.0.0.1:10249`, `<node IP>:9153`).

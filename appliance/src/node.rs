@@ -21,6 +21,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use k8s_openapi::api::core::v1::Taint;
+use skerry_apiserver::auth::bootstrap::KUBE_PROXY_USER;
 use skerry_client::Client;
 use skerry_node::cgroups::CgroupManager;
 use skerry_node::cgroups::pod::{
@@ -741,17 +742,24 @@ pub async fn start(
         let _ = stop_rx.wait_for(|s| *s).await;
         token.cancel();
     });
-    crate::network::start(
-        crate::network::NetworkContext {
-            args,
-            client: client.clone(),
-            node_name: node_name.clone(),
-            node_ip,
-            resolv_conf: config.resolv_conf.clone(),
-        },
-        stop.clone(),
-    )
-    .await;
+    if !args.disable_network {
+        match identity.network_client(api_url) {
+            Ok(network_client) => {
+                crate::network::start(
+                    crate::network::NetworkContext {
+                        args,
+                        client: network_client,
+                        node_name: node_name.clone(),
+                        node_ip,
+                        resolv_conf: config.resolv_conf.clone(),
+                    },
+                    stop.clone(),
+                )
+                .await;
+            }
+            Err(e) => eprintln!("skerry: no node network: {e:#}"),
+        }
+    }
     // Without a runtime only the Node and its Lease are kept: the kubelet has nothing to run
     // pods with, and its API nothing to serve.
     let kubelet = cri.map(|cri| {
@@ -921,6 +929,9 @@ pub struct AgentCredentials {
     pub serving_key: rustls_pki_types::PrivateKeyDer<'static>,
     /// The CAs that sign callers' client certificates (the apiserver's among them).
     pub client_ca: Vec<rustls_pki_types::CertificateDer<'static>>,
+    /// The node network's API client (`system:kube-proxy`), from `--network-kubeconfig`;
+    /// `None` when the network is off.
+    pub network: Option<skerry_client::Config>,
 }
 
 impl AgentCredentials {
@@ -962,6 +973,7 @@ impl AgentCredentials {
             serving_chain: chain,
             serving_key: key,
             client_ca,
+            network: None,
         })
     }
 }
@@ -981,6 +993,24 @@ impl Identity {
         };
         config.qps = args.kube_api_qps;
         config.burst = args.kube_api_burst;
+        Ok(Client::new(config)?)
+    }
+
+    /// The node network's API client: kube-proxy's user ([`KUBE_PROXY_USER`], bound to
+    /// `system:node-proxier`), which reads every Service, EndpointSlice and Node, where the
+    /// node's own identity reads only its own Node.
+    fn network_client(&self, url: &str) -> Result<Client> {
+        let config = match self {
+            Identity::Pki(pki) => {
+                let cert = pki
+                    .issue_client_cert(KUBE_PROXY_USER, &[], LEAF_VALIDITY)
+                    .with_context(|| format!("issue a client certificate for {KUBE_PROXY_USER}"))?;
+                client_config(pki, url, KUBE_PROXY_USER, cert.cert_pem, cert.key_pem)
+            }
+            Identity::Files(files) => files.network.clone().context(
+                "no --network-kubeconfig: the node's network calls the API as system:kube-proxy (skerry node-credentials writes its kubeconfig)",
+            )?,
+        };
         Ok(Client::new(config)?)
     }
 

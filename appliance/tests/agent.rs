@@ -101,6 +101,27 @@ fn an_agent_joins_a_control_plane_and_runs_its_pods() {
         .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
         .expect("the key file");
     assert_eq!(key_mode, 0o600, "the serving key is private");
+    // The network's own identity: kube-proxy's user, which reads every Node (the node's
+    // identity reads only its own) and no Secret.
+    let network_kubeconfig = creds.join("network.kubeconfig").display().to_string();
+    let as_network = |args: &[&str]| {
+        let mut all = vec!["--kubeconfig", network_kubeconfig.as_str()];
+        all.extend_from_slice(args);
+        kube.kubectl_output(&all, None)
+    };
+    let whoami = as_network(&[
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&whoami.stdout), "system:kube-proxy");
+    assert!(as_network(&["get", "nodes"]).status.success());
+    let secrets = as_network(&["get", "secrets", "-A"]);
+    assert!(
+        !secrets.status.success() && String::from_utf8_lossy(&secrets.stderr).contains("forbidden"),
+        "{secrets:?}"
+    );
 
     let dir = tempfile::Builder::new()
         .prefix("ska")
@@ -259,6 +280,27 @@ fn bad_agent_flags_are_one_line_errors() {
         "/nonexistent.key",
         "--data-dir",
         &dir.path().join("data").display().to_string(),
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("--network-kubeconfig") && stderr.contains("--disable-network"),
+        "the network's identity is asked for first: {stderr}"
+    );
+    let out = skerry(&[
+        "agent",
+        "--server",
+        "https://127.0.0.1:1",
+        "--kubeconfig",
+        &missing.display().to_string(),
+        "--tls-cert-file",
+        "/nonexistent.crt",
+        "--tls-private-key-file",
+        "/nonexistent.key",
+        "--data-dir",
+        &dir.path().join("data").display().to_string(),
+        "--disable-network",
     ]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);

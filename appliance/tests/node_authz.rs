@@ -180,7 +180,7 @@ fn nodes_reach_only_their_own_pods_objects_and_write_only_their_own() {
             .ok(&["get", "clusterrolebindings", "-o", "name"])
             .lines()
             .all(|b| !b.contains("skerry:node:")),
-        "no per-node binding is made (the one skerry:node-network binding is for every node)"
+        "no per-node binding is made"
     );
 
     let home = node.kube.home.as_path();

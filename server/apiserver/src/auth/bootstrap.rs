@@ -877,12 +877,14 @@ fn binding(role: &str, subjects: Vec<Subject>) -> ClusterRoleBinding {
     }
 }
 
-/// The binding that gives every node kube-proxy's role (`system:node-proxier`: Services,
-/// EndpointSlices and Nodes read, events written), for the network it runs.
-pub const NODE_NETWORK_BINDING: &str = "skerry:node-network";
+/// kube-proxy's user (upstream `user.KubeProxy`), bound to `system:node-proxier` (Services,
+/// EndpointSlices and Nodes read, events written). Every node's network (`skerry-net`: the
+/// service proxy, routes, cluster DNS) calls the API as this user, with a certificate of its
+/// own beside the kubelet's, as a k3s agent's kube-proxy does: the node's own identity keeps
+/// reading only its own Node and pods (AuthorizeNodeWithSelectors).
+pub const KUBE_PROXY_USER: &str = "system:kube-proxy";
 
-/// Kubernetes' default ClusterRoleBindings for [`cluster_roles`], each named for its role
-/// (and skerry's [`NODE_NETWORK_BINDING`]).
+/// Kubernetes' default ClusterRoleBindings for [`cluster_roles`], each named for its role.
 pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
     let group = |name: &str| user_subject("Group", name);
     let user = |name: &str| user_subject("User", name);
@@ -898,7 +900,7 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
                 group(super::GROUP_UNAUTHENTICATED),
             ],
         ),
-        binding("system:node-proxier", vec![user("system:kube-proxy")]),
+        binding("system:node-proxier", vec![user(KUBE_PROXY_USER)]),
         binding(
             "system:kube-controller-manager",
             vec![user("system:kube-controller-manager")],
@@ -919,16 +921,6 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
             vec![group(super::serviceaccount::GROUP_ALL)],
         ),
     ];
-    // skerry's own: every node runs the network (`skerry-net`: the service proxy, routes,
-    // cluster DNS) in the node agent's process with the node's credentials, so the nodes get
-    // kube-proxy's read-only role, as a k3s agent's kube-proxy has it under a certificate of
-    // its own.
-    let mut network = binding(
-        "system:node-proxier",
-        vec![group(crate::node_authz::NODES_GROUP)],
-    );
-    network.metadata.name = Some(NODE_NETWORK_BINDING.to_string());
-    bindings.push(network);
     for controller in CONTROLLERS {
         bindings.push(binding(
             &format!("{CONTROLLER_ROLE_PREFIX}{controller}"),
@@ -1032,14 +1024,14 @@ mod tests {
     }
 
     #[test]
-    fn nodes_read_what_their_network_needs_and_write_no_service() {
+    fn the_network_reads_what_it_needs_and_nodes_get_no_cluster_wide_read() {
         let policy = RbacSnapshot::bootstrap();
+        let network = UserInfo::authenticated(KUBE_PROXY_USER, "", Vec::new());
         let node = UserInfo::authenticated(
             "system:node:a",
             "",
             vec![crate::node_authz::NODES_GROUP.into()],
         );
-        let other = UserInfo::authenticated("someone", "", Vec::new());
         let can = |user: &UserInfo, verb: &str, group: &str, resource: &str| {
             authorize(
                 &Attributes::resource(user.clone(), verb, group, resource, "", ""),
@@ -1048,12 +1040,22 @@ mod tests {
             .allowed
         };
         for verb in ["list", "watch"] {
-            assert!(can(&node, verb, "discovery.k8s.io", "endpointslices"));
-            assert!(can(&node, verb, "", "services"));
-            assert!(!can(&other, verb, "discovery.k8s.io", "endpointslices"));
+            assert!(can(&network, verb, "discovery.k8s.io", "endpointslices"));
+            assert!(can(&network, verb, "", "services"));
+            assert!(can(&network, verb, "", "nodes"));
+            // The node's own identity reads Nodes only through the Node authorizer, which
+            // gives it its own Node alone: RBAC must not give it every Node.
+            assert!(!can(&node, verb, "", "nodes"), "{verb} nodes");
+            assert!(!can(&node, verb, "discovery.k8s.io", "endpointslices"));
         }
-        assert!(!can(&node, "create", "", "services"));
-        assert!(!can(&node, "update", "discovery.k8s.io", "endpointslices"));
+        assert!(!can(&network, "create", "", "services"));
+        assert!(!can(
+            &network,
+            "update",
+            "discovery.k8s.io",
+            "endpointslices"
+        ));
+        assert!(!can(&network, "list", "", "secrets"));
     }
 
     #[test]
