@@ -11,7 +11,8 @@
 //! to the ClusterIP split over three endpoints on boxes b and c (a chi-square test), a
 //! NodePort from outside on every box and on box a's loopback, `externalTrafficPolicy: Local`
 //! keeping the client's address, ClientIP affinity pinning the client, a headless Service's
-//! name giving its pods' IPs and an ExternalName its CNAME.
+//! name giving its pods' IPs and an ExternalName its CNAME; last, a long download through a
+//! ClusterIP whose endpoint is taken out of the Service after the first lines finishes whole.
 //!
 //! Needs root, containerd, runc, catatonit, busybox-static, the CNI plugins, `nsenter`, `ip`
 //! and `nft`: a failure under `CI=true`, a skip otherwise.
@@ -199,6 +200,117 @@ fn three_boxes_route_pods_serve_services_and_resolve_names() {
     );
 
     services_and_names(&boxes, ranges[0]);
+    endpoint_removed_mid_stream(&boxes);
+}
+
+/// Lines the stream pod sends, one per [`STREAM_INTERVAL`]: 10 s in all, time enough to take
+/// its endpoint away after the first lines and see the proxies synced before the last.
+const STREAM_LINES: u32 = 40;
+/// See [`STREAM_LINES`] (busybox `sleep` takes fractions).
+const STREAM_INTERVAL: &str = "0.25";
+
+/// A long download through a ClusterIP from a pod on box a to a pod on box b, whose endpoint
+/// is removed (the pod relabelled out of the selector, its process left running) after the
+/// first lines: every box's proxy drops it from the Service, yet the connection already
+/// made keeps going to the end, as conntrack holds its translation.
+fn endpoint_removed_mid_stream(boxes: &Boxes) {
+    let script = format!(
+        "printf '#!/bin/sh\\ni=1; while [ $i -le {STREAM_LINES} ]; do echo line$i; i=$((i+1)); sleep {STREAM_INTERVAL}; done\\n' > /tmp/stream && \
+         chmod 755 /tmp/stream && while true; do nc -l -p 9000 -e /tmp/stream; done"
+    );
+    let server = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "stream-b", "labels": {"app": "stream"}},
+        "spec": {"nodeName": "b", "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "nc", "image": IMAGE, "command": ["sh", "-c", script]}]}});
+    let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "stream"},
+        "spec": {"selector": {"app": "stream"}, "ports": [{"port": 9000}]}});
+    boxes.ok(0, &["apply", "-f", "-"], Some(&server.to_string()));
+    boxes.ok(0, &["apply", "-f", "-"], Some(&service.to_string()));
+    wait_pod(boxes, "stream-b", "Running", running);
+    let client_script = format!(
+        "for i in $(seq {CLIENT_ATTEMPTS}); do \
+           timeout 30 nc stream.default.svc.cluster.local 9000 | tee /tmp/o; \
+           grep -q line{STREAM_LINES} /tmp/o && exit 0; sleep 1; \
+         done; exit 1"
+    );
+    let client = json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stream-client"},
+        "spec": {"nodeName": "a", "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "wget", "image": IMAGE, "command": ["sh", "-c", client_script]}]}});
+    boxes.ok(0, &["apply", "-f", "-"], Some(&client.to_string()));
+    let pod = wait_pod(boxes, "stream-client", "started", |p| {
+        p["metadata"]["uid"].is_string()
+    });
+    let deadline = Instant::now() + SERVICE_TIMEOUT;
+    while !output_lines(boxes, "stream-client", &pod).contains(&"line3".to_string()) {
+        assert!(Instant::now() < deadline, "the stream never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    boxes.ok(
+        0,
+        &["label", "pod", "stream-b", "app=elsewhere", "--overwrite"],
+        None,
+    );
+    let cluster_ip = boxes
+        .ok(
+            0,
+            &["get", "svc", "stream", "-o", "jsonpath={.spec.clusterIP}"],
+            None,
+        )
+        .trim()
+        .to_string();
+    // Box a's proxy (the client's) has the Service without endpoints: in the map of
+    // rejections, out of the map of Services.
+    let netns = boxes.boxes[0].netns.clone();
+    let key = format!("{cluster_ip} . tcp . 9000 ");
+    loop {
+        let (ips, rejects) = boxes::in_ns(&netns, || {
+            let list = |map: &str| {
+                std::process::Command::new("nft")
+                    .args(["list", "map", "ip", "skerry-proxy", map])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default()
+            };
+            (list("service-ips"), list("no-endpoint-services"))
+        });
+        if !ips.contains(&key) && rejects.contains(&key) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the endpoint never left box a's proxy:\n{ips}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let lines = output_lines(boxes, "stream-client", &pod);
+    assert!(
+        !lines.contains(&format!("line{STREAM_LINES}")),
+        "the stream ended before its endpoint was gone: nothing shown"
+    );
+    let done = wait_pod(boxes, "stream-client", "finished", |p| {
+        p["status"]["phase"] == "Succeeded" || p["status"]["phase"] == "Failed"
+    });
+    let lines = output_lines(boxes, "stream-client", &done);
+    assert_eq!(
+        done["status"]["phase"], "Succeeded",
+        "the download was cut: {lines:?}"
+    );
+    let last: Vec<&String> = lines
+        .iter()
+        .rev()
+        .take(STREAM_LINES as usize)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let expected: Vec<String> = (1..=STREAM_LINES).map(|i| format!("line{i}")).collect();
+    assert_eq!(
+        last.into_iter().cloned().collect::<Vec<_>>(),
+        expected,
+        "every line, in order, on the connection made before the endpoint left"
+    );
 }
 
 /// New connections a pod opens to the ClusterIP, over 3 endpoints.

@@ -339,6 +339,14 @@ fn port_rules(
                 rules.push(format!("{ip} saddr @{s} goto {c}"));
             }
         }
+        // One endpoint: straight to it. Every `numgen` rule carries an anonymous verdict map,
+        // and the kernel's cost of adding a rule grows with the maps already in the
+        // transaction (a full sync is super-linear in them), so a Service with one endpoint,
+        // the common case, gets none (upstream kubernetes/kubernetes#140723).
+        if let [only] = eps.as_slice() {
+            rules.push(format!("goto {}", ep_names(only).0));
+            continue;
+        }
         let mut vmap = String::new();
         for (i, ep) in eps.iter().enumerate() {
             if i > 0 {
@@ -798,7 +806,10 @@ mod tests {
         );
         let local = &r.chains["local-ULMVA6XW-ns1/svc1/tcp/p80"];
         assert_eq!(local.len(), 1);
-        assert!(local[0].starts_with("numgen random mod 1 vmap"));
+        assert!(
+            local[0].starts_with("goto endpoint-"),
+            "one local endpoint: a plain goto, no map: {local:?}"
+        );
         // Local without a local endpoint: outside traffic dropped, the ClusterIP still works.
         let r = rules(&p, &[ep(1, false)]);
         assert!(r.elements.contains(&Element {

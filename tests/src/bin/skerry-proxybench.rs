@@ -22,8 +22,6 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::json;
 use skerry_net::proxy::{Family, Nft, RuleConfig, SyncReport, Syncer};
 
-/// Endpoints per Service (the figure).
-const ENDPOINTS_PER_SERVICE: usize = 5;
 /// The NodePort range 30000-32767 (upstream's `--service-node-port-range` default): the
 /// first this many Services are NodePorts, one port each, the rest ClusterIP only (NodePorts
 /// are unique cluster-wide, the apiserver's allocator sees to it).
@@ -43,6 +41,10 @@ struct Args {
     /// One-Service partial syncs per size.
     #[arg(long, default_value_t = 9)]
     partial_rounds: usize,
+    /// Endpoints per Service (5, the figure; 1 shows the Services that get no
+    /// `numgen` map at all).
+    #[arg(long, default_value_t = 5)]
+    endpoints: usize,
 }
 
 /// The namespace, deleted on drop.
@@ -74,10 +76,10 @@ fn service(i: usize) -> Result<Service> {
     }))?)
 }
 
-fn slice(i: usize, generation: usize) -> Result<EndpointSlice> {
-    let eps: Vec<_> = (0..ENDPOINTS_PER_SERVICE)
+fn slice(i: usize, generation: usize, per: usize) -> Result<EndpointSlice> {
+    let eps: Vec<_> = (0..per)
         .map(|e| {
-            let n = i * ENDPOINTS_PER_SERVICE + e + generation;
+            let n = i * per + e + generation;
             json!({"addresses": [format!("10.{}.{}.{}", 64 + ((n >> 16) & 0x3f), (n >> 8) & 0xff, n & 0xff)],
                    "conditions": {"ready": true}, "nodeName": "bench"})
         })
@@ -139,7 +141,10 @@ fn measure(ns: &str, n: usize, args: &Args) -> Result<Row> {
     let mut syncer = Syncer::new(Family::V4, cfg, "bench".into(), nft);
     for i in 0..n {
         syncer.update_service(None, Some(&service(i)?));
-        syncer.update_slice(&format!("bench/svc-{i}-x"), Some(&slice(i, 0)?));
+        syncer.update_slice(
+            &format!("bench/svc-{i}-x"),
+            Some(&slice(i, 0, args.endpoints)?),
+        );
     }
     let mut full_times = Vec::new();
     let mut full_nft = Vec::new();
@@ -159,7 +164,10 @@ fn measure(ns: &str, n: usize, args: &Args) -> Result<Row> {
     let mut partial_report = SyncReport::default();
     for round in 0..args.partial_rounds {
         let i = (round * 7919) % n;
-        syncer.update_slice(&format!("bench/svc-{i}-x"), Some(&slice(i, round + 1)?));
+        syncer.update_slice(
+            &format!("bench/svc-{i}-x"),
+            Some(&slice(i, round + 1, args.endpoints)?),
+        );
         let t = Instant::now();
         let r = syncer.sync().context("partial sync")?;
         partial_times.push(t.elapsed());
