@@ -89,6 +89,11 @@ pub struct NodeArgs {
     /// The cluster's DNS domain.
     #[arg(long, default_value = "cluster.local")]
     pub cluster_domain: String,
+    /// The resolver configuration pods with `dnsPolicy: Default` inherit and cluster DNS
+    /// forwards other names to (the kubelet's `--resolv-conf`; on a host whose resolv.conf
+    /// names only a local stub such as systemd-resolved's, give the file behind the stub).
+    #[arg(long, default_value = skerry_net::dns::DEFAULT_RESOLV_CONF)]
+    pub resolv_conf: PathBuf,
     /// The pods' addresses, cluster-wide (kube-controller-manager's and kube-proxy's flag;
     /// k3s's default): an IPv4 and an IPv6 range, comma-separated, for dual stack. Traffic
     /// from them to outside them is masqueraded.
@@ -726,7 +731,7 @@ pub async fn start(
         cgroup_root,
         memory_capacity: i64::try_from(memory).unwrap_or(i64::MAX),
         allocatable: machine::to_api(status.allocatable()),
-        resolv_conf: PathBuf::from("/etc/resolv.conf"),
+        resolv_conf: args.resolv_conf.clone(),
         hosts_file: PathBuf::from("/etc/hosts"),
         registries,
         log_policy,

@@ -13,6 +13,8 @@
 //! keeping the client's address, ClientIP affinity pinning the client, a headless Service's
 //! name giving its pods' IPs and an ExternalName its CNAME; last, a long download through a
 //! ClusterIP whose endpoint is taken out of the Service after the first lines finishes whole.
+//! Every box is given a resolv.conf naming the switch, where a small resolver answers: a name
+//! outside the cluster is forwarded there.
 //!
 //! Needs root, containerd, runc, catatonit, busybox-static, the CNI plugins, `nsenter`, `ip`
 //! and `nft`: a failure under `CI=true`, a skip otherwise.
@@ -90,6 +92,87 @@ impl Drop for Outside {
     }
 }
 
+/// The address the site's resolver on the switch gives every name it is asked (TEST-NET-3,
+/// RFC 5737): a pod that gets it had its question forwarded out of the cluster.
+const OUTSIDE_NAME_IP: [u8; 4] = [203, 0, 113, 7];
+
+/// The site's resolver on the switch (port 53 of [`OUTSIDE_IP`], what the boxes' resolv.conf
+/// names): answers any A question with [`OUTSIDE_NAME_IP`] and any other with no records.
+/// Hand-written DNS (RFC 1035 section 4): the header, the question copied, one answer that
+/// points back at the question's name.
+struct OutsideDns {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl OutsideDns {
+    fn start(switch_ns: &str) -> OutsideDns {
+        let socket = boxes::in_ns(switch_ns, || {
+            std::net::UdpSocket::bind(format!("{OUTSIDE_IP}:53")).expect("bind :53")
+        });
+        socket
+            .set_read_timeout(Some(OUTSIDE_POLL))
+            .expect("timeout");
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !flag.load(Ordering::Relaxed) {
+                let Ok((n, from)) = socket.recv_from(&mut buf) else {
+                    continue;
+                };
+                if let Some(answer) = dns_answer(&buf[..n]) {
+                    let _ = socket.send_to(&answer, from);
+                }
+            }
+        });
+        OutsideDns {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for OutsideDns {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The reply to one query: `None` for anything but one question.
+fn dns_answer(query: &[u8]) -> Option<Vec<u8>> {
+    if query.len() < 12 || query[4..6] != [0, 1] {
+        return None;
+    }
+    // The question's name: labels up to the zero byte, then type and class.
+    let mut at = 12;
+    loop {
+        let len = usize::from(*query.get(at)?);
+        at += 1 + len;
+        if len == 0 {
+            break;
+        }
+    }
+    let question = query.get(12..at + 4)?;
+    let qtype = u16::from_be_bytes([query[at], query[at + 1]]);
+    let a = qtype == 1;
+    let mut out = Vec::with_capacity(question.len() + 28);
+    out.extend_from_slice(&query[0..2]);
+    // QR, the query's RD, RA; NOERROR.
+    out.extend_from_slice(&[0x80 | (query[2] & 0x01), 0x80]);
+    out.extend_from_slice(&[0, 1, 0, u8::from(a), 0, 0, 0, 0]);
+    out.extend_from_slice(question);
+    if a {
+        // Name: a pointer to offset 12; type A, class IN, TTL 60, four bytes.
+        out.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+        out.extend_from_slice(&OUTSIDE_NAME_IP);
+    }
+    Some(out)
+}
+
 #[test]
 fn three_boxes_route_pods_serve_services_and_resolve_names() {
     if missing_prerequisite()
@@ -133,6 +216,7 @@ fn three_boxes_route_pods_serve_services_and_resolve_names() {
     );
 
     let _outside = Outside::start(&boxes.switch.clone());
+    let _outside_dns = OutsideDns::start(&boxes.switch.clone());
 
     boxes.ok(
         0,
@@ -413,7 +497,8 @@ fn services_and_names(boxes: &Boxes, client_range: PodRange) {
          i=0; while [ $i -lt {CONNECTIONS} ]; do echo \"W $(timeout 5 wget -q -O - http://{cluster_ip}/cgi-bin/who)\"; i=$((i+1)); done; \
          i=0; while [ $i -lt {STICKY_CONNECTIONS} ]; do echo \"S $(timeout 5 wget -q -O - http://web-sticky/cgi-bin/who)\"; i=$((i+1)); done; \
          nslookup web-h.default.svc.cluster.local | sed 's/^/H /'; \
-         nslookup -type=cname ext.default.svc.cluster.local | sed 's/^/E /'; true"
+         nslookup -type=cname ext.default.svc.cluster.local | sed 's/^/E /'; \
+         nslookup -type=a outside.example. | sed 's/^/F /'; true"
     );
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "svc-client"},
@@ -484,6 +569,12 @@ fn services_and_names(boxes: &Boxes, client_range: PodRange) {
             "headless answers {ip}:\n{headless}"
         );
     }
+    let forwarded = tagged("F ").join("\n");
+    let outside_ip = OUTSIDE_NAME_IP.map(|b| b.to_string()).join(".");
+    assert!(
+        forwarded.contains(&outside_ip),
+        "a name outside the cluster is forwarded to the site's resolver:\n{forwarded}"
+    );
     let cname = tagged("E ").join("\n");
     assert!(
         cname.contains("example.org"),

@@ -283,6 +283,10 @@ impl Boxes {
             .map(|b| format!("{}=http://{}:{PEER_PORT}", b.name, b.ip))
             .collect::<Vec<_>>()
             .join(",");
+        // The boxes' resolver: the switch, where a test may answer DNS as the site's
+        // resolver would (the host's own resolv.conf names servers the boxes cannot reach).
+        std::fs::write(me.resolv_conf(), format!("nameserver {OUTSIDE_IP}\n"))
+            .expect("resolv.conf");
         let pki = me.root.path().join("pki");
         // The first member creates the cluster's PKI; the others read it.
         me.launch(0, &initial, &pki);
@@ -327,7 +331,13 @@ impl Boxes {
         sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
     }
 
+    /// The resolv.conf every box's server is given (`--resolv-conf`): the switch's address.
+    pub fn resolv_conf(&self) -> PathBuf {
+        self.root.path().join("resolv.conf")
+    }
+
     fn launch(&mut self, i: usize, initial: &str, pki: &Path) {
+        let resolv_conf = self.resolv_conf();
         let b = &mut self.boxes[i];
         std::fs::create_dir_all(&b.data).expect("data dir");
         let peer = format!("http://{}:{PEER_PORT}", b.ip);
@@ -364,6 +374,8 @@ impl Boxes {
                 "--pki-dir",
             ])
             .arg(pki)
+            .arg("--resolv-conf")
+            .arg(&resolv_conf)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&b.log).expect("log file"))
