@@ -41,55 +41,61 @@ const CLIENT_ATTEMPTS: u32 = 60;
 /// How often the outside server polls its stop flag between connections.
 const OUTSIDE_POLL: Duration = Duration::from_millis(50);
 
-/// A server on the switch's side answering every request with the address it came from.
-struct Outside {
+/// A server thread on the switch's side, running `step` until dropped (then stopped and
+/// joined); each step waits at most [`OUTSIDE_POLL`], so the stop flag is seen promptly.
+struct Background {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Outside {
-    fn start(switch_ns: &str) -> Outside {
-        let addr: SocketAddr = format!("{OUTSIDE_IP}:{OUTSIDE_PORT}")
-            .parse()
-            .expect("addr");
-        let listener = boxes::in_ns(switch_ns, || TcpListener::bind(addr).expect("bind"));
-        listener.set_nonblocking(true).expect("nonblocking");
+impl Background {
+    fn spawn(mut step: impl FnMut() + Send + 'static) -> Background {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
             while !flag.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((mut conn, from)) => {
-                        let _ = conn.set_nonblocking(false);
-                        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-                        let mut buf = [0u8; 1024];
-                        let _ = conn.read(&mut buf);
-                        let _ = conn.write_all(
-                            format!(
-                                "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n{}\n",
-                                from.ip()
-                            )
-                            .as_bytes(),
-                        );
-                    }
-                    Err(_) => std::thread::sleep(OUTSIDE_POLL),
-                }
+                step();
             }
         });
-        Outside {
+        Background {
             stop,
             thread: Some(thread),
         }
     }
 }
 
-impl Drop for Outside {
+impl Drop for Background {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
+}
+
+/// A server on the switch's side answering every request with the address it came from.
+fn outside_http(switch_ns: &str) -> Background {
+    let addr: SocketAddr = format!("{OUTSIDE_IP}:{OUTSIDE_PORT}")
+        .parse()
+        .expect("addr");
+    let listener = boxes::in_ns(switch_ns, || TcpListener::bind(addr).expect("bind"));
+    listener.set_nonblocking(true).expect("nonblocking");
+    Background::spawn(move || match listener.accept() {
+        Ok((mut conn, from)) => {
+            let _ = conn.set_nonblocking(false);
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(
+                format!(
+                    "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n{}\n",
+                    from.ip()
+                )
+                .as_bytes(),
+            );
+        }
+        Err(_) => std::thread::sleep(OUTSIDE_POLL),
+    })
 }
 
 /// The address the site's resolver on the switch gives every name it is asked (TEST-NET-3,
@@ -100,46 +106,21 @@ const OUTSIDE_NAME_IP: [u8; 4] = [203, 0, 113, 7];
 /// names): answers any A question with [`OUTSIDE_NAME_IP`] and any other with no records.
 /// Hand-written DNS (RFC 1035 section 4): the header, the question copied, one answer that
 /// points back at the question's name.
-struct OutsideDns {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl OutsideDns {
-    fn start(switch_ns: &str) -> OutsideDns {
-        let socket = boxes::in_ns(switch_ns, || {
-            std::net::UdpSocket::bind(format!("{OUTSIDE_IP}:53")).expect("bind :53")
-        });
-        socket
-            .set_read_timeout(Some(OUTSIDE_POLL))
-            .expect("timeout");
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut buf = [0u8; 512];
-            while !flag.load(Ordering::Relaxed) {
-                let Ok((n, from)) = socket.recv_from(&mut buf) else {
-                    continue;
-                };
-                if let Some(answer) = dns_answer(&buf[..n]) {
-                    let _ = socket.send_to(&answer, from);
-                }
-            }
-        });
-        OutsideDns {
-            stop,
-            thread: Some(thread),
+fn outside_dns(switch_ns: &str) -> Background {
+    let socket = boxes::in_ns(switch_ns, || {
+        std::net::UdpSocket::bind(format!("{OUTSIDE_IP}:53")).expect("bind :53")
+    });
+    socket
+        .set_read_timeout(Some(OUTSIDE_POLL))
+        .expect("timeout");
+    let mut buf = [0u8; 512];
+    Background::spawn(move || {
+        if let Ok((n, from)) = socket.recv_from(&mut buf)
+            && let Some(answer) = dns_answer(&buf[..n])
+        {
+            let _ = socket.send_to(&answer, from);
         }
-    }
-}
-
-impl Drop for OutsideDns {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+    })
 }
 
 /// The reply to one query: `None` for anything but one question.
@@ -215,8 +196,8 @@ fn three_boxes_route_pods_serve_services_and_resolve_names() {
         "{ranges:?}"
     );
 
-    let _outside = Outside::start(&boxes.switch.clone());
-    let _outside_dns = OutsideDns::start(&boxes.switch.clone());
+    let _outside = outside_http(&boxes.switch.clone());
+    let _outside_dns = outside_dns(&boxes.switch.clone());
 
     boxes.ok(
         0,
@@ -250,22 +231,8 @@ fn three_boxes_route_pods_serve_services_and_resolve_names() {
            if r=$(timeout 5 wget -q -O - $u); then echo \"$n $r\"; ok=1; break; fi; sleep 1; \
          done; [ -n \"$ok\" ] || {{ echo \"$n unreachable\"; exit 1; }}; done"
     );
-    let client = json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client"},
-        "spec": {"nodeName": "a", "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "wget", "image": IMAGE, "command": ["sh", "-c", script]}]}});
-    boxes.ok(0, &["apply", "-f", "-"], Some(&client.to_string()));
-    let client = wait_pod(&boxes, "client", "finished", |p| {
-        p["status"]["phase"] == "Succeeded" || p["status"]["phase"] == "Failed"
-    });
-    let lines = output_lines(&boxes, "client", &client);
-    let routes = boxes::in_ns(&boxes.boxes[0].netns.clone(), || {
-        std::process::Command::new("ip")
-            .args(["route"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
-    });
+    let (client, lines) = boxes::run_on_a(&boxes, "client", &script);
+    let routes = boxes.routes(0);
     assert_eq!(
         client["status"]["phase"], "Succeeded",
         "{}\nlog: {lines:?}\nbox a's routes:\n{routes}",
@@ -318,10 +285,7 @@ fn endpoint_removed_mid_stream(boxes: &Boxes) {
            grep -q line{STREAM_LINES} /tmp/o && exit 0; sleep 1; \
          done; exit 1"
     );
-    let client = json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stream-client"},
-        "spec": {"nodeName": "a", "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "wget", "image": IMAGE, "command": ["sh", "-c", client_script]}]}});
+    let client = boxes::client_pod("stream-client", &client_script);
     boxes.ok(0, &["apply", "-f", "-"], Some(&client.to_string()));
     let pod = wait_pod(boxes, "stream-client", "started", |p| {
         p["metadata"]["uid"].is_string()
@@ -500,15 +464,7 @@ fn services_and_names(boxes: &Boxes, client_range: PodRange) {
          nslookup -type=cname ext.default.svc.cluster.local | sed 's/^/E /'; \
          nslookup -type=a outside.example. | sed 's/^/F /'; true"
     );
-    let pod = json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "svc-client"},
-        "spec": {"nodeName": "a", "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "wget", "image": IMAGE, "command": ["sh", "-c", script]}]}});
-    boxes.ok(0, &["apply", "-f", "-"], Some(&pod.to_string()));
-    let pod = wait_pod(boxes, "svc-client", "finished", |p| {
-        p["status"]["phase"] == "Succeeded" || p["status"]["phase"] == "Failed"
-    });
-    let lines = output_lines(boxes, "svc-client", &pod);
+    let (pod, lines) = boxes::run_on_a(boxes, "svc-client", &script);
     let tagged = |tag: &str| -> Vec<String> {
         lines
             .iter()

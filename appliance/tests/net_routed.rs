@@ -12,8 +12,8 @@
 
 mod common;
 
-use common::boxes::{self, Boxes, FAR_BOX_IP, HTTPD_PORT, Layout, output_lines, wait_pod, web_pod};
-use common::node::{IMAGE, missing, missing_prerequisite, running};
+use common::boxes::{self, Boxes, FAR_BOX_IP, HTTPD_PORT, Layout, wait_pod, web_pod};
+use common::node::{missing, missing_prerequisite, running};
 use serde_json::json;
 use skerry_node::cni::{self, PodRange};
 use skerry_node::containerd::config::cni_bin_dir;
@@ -84,22 +84,8 @@ fn a_box_behind_a_router_is_reached_through_the_overlay() {
         b = web_ips[0],
         c = web_ips[1],
     );
-    let client = json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client"},
-        "spec": {"nodeName": "a", "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "wget", "image": IMAGE, "command": ["sh", "-c", script]}]}});
-    boxes.ok(0, &["apply", "-f", "-"], Some(&client.to_string()));
-    let client = wait_pod(&boxes, "client", "finished", |p| {
-        p["status"]["phase"] == "Succeeded" || p["status"]["phase"] == "Failed"
-    });
-    let lines = output_lines(&boxes, "client", &client);
-    let routes = boxes::in_ns(&boxes.boxes[0].netns.clone(), || {
-        std::process::Command::new("ip")
-            .args(["route"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
-    });
+    let (client, lines) = boxes::run_on_a(&boxes, "client", &script);
+    let routes = boxes.routes(0);
     assert_eq!(
         client["status"]["phase"], "Succeeded",
         "{}\nlog: {lines:?}\nbox a's routes:\n{routes}",

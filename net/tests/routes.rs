@@ -150,6 +150,35 @@ fn ours(ns: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Gives box `ns` a bridge `cni0` at `gw`/24 and one "pod" namespace `pod` on it at `pod_ip`
+/// with its default route through `gw`; returns the pod's namespace.
+fn bridge_with_pod(nss: &mut Namespaces, ns: &str, gw: &str, pod: &str, pod_ip: &str) -> String {
+    sh(&["ip", "-n", ns, "link", "add", "cni0", "type", "bridge"]);
+    sh(&[
+        "ip",
+        "-n",
+        ns,
+        "addr",
+        "add",
+        &format!("{gw}/24"),
+        "dev",
+        "cni0",
+    ]);
+    sh(&["ip", "-n", ns, "link", "set", "cni0", "up"]);
+    let pns = nss.add(pod);
+    sh(&[
+        "ip", "-n", &pns, "link", "add", "eth0", "type", "veth", "peer", "name", "vpod", "netns",
+        ns,
+    ]);
+    sh(&[
+        "ip", "-n", ns, "link", "set", "vpod", "master", "cni0", "up",
+    ]);
+    sh(&["ip", "-n", &pns, "addr", "add", pod_ip, "dev", "eth0"]);
+    sh(&["ip", "-n", &pns, "link", "set", "eth0", "up"]);
+    sh(&["ip", "-n", &pns, "route", "add", "default", "via", gw]);
+    pns
+}
+
 /// Two boxes `a` (10.77.0.1) and `b` (10.77.0.2) on one veth segment, each with `cni0` over
 /// its pod range and one pod (10.42.0.2, 10.42.1.2). Returns (box a, box b, pod a, pod b).
 fn two_boxes(nss: &mut Namespaces) -> (String, String, String, String) {
@@ -165,30 +194,7 @@ fn two_boxes(nss: &mut Namespaces) -> (String, String, String, String) {
     ] {
         sh(&["ip", "-n", ns, "addr", "add", addr, "dev", "eth0"]);
         sh(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
-        sh(&["ip", "-n", ns, "link", "add", "cni0", "type", "bridge"]);
-        sh(&[
-            "ip",
-            "-n",
-            ns,
-            "addr",
-            "add",
-            &format!("{gw}/24"),
-            "dev",
-            "cni0",
-        ]);
-        sh(&["ip", "-n", ns, "link", "set", "cni0", "up"]);
-        let pns = nss.add(pod);
-        pods.push(pns.clone());
-        sh(&[
-            "ip", "-n", &pns, "link", "add", "eth0", "type", "veth", "peer", "name", "vpod",
-            "netns", ns,
-        ]);
-        sh(&[
-            "ip", "-n", ns, "link", "set", "vpod", "master", "cni0", "up",
-        ]);
-        sh(&["ip", "-n", &pns, "addr", "add", pod_ip, "dev", "eth0"]);
-        sh(&["ip", "-n", &pns, "link", "set", "eth0", "up"]);
-        sh(&["ip", "-n", &pns, "route", "add", "default", "via", gw]);
+        pods.push(bridge_with_pod(nss, ns, gw, pod, pod_ip));
     }
     let (pa, pb) = (pods[0].clone(), pods[1].clone());
     (na, nb, pa, pb)
@@ -470,30 +476,7 @@ fn boxes_behind_a_router(nss: &mut Namespaces) -> [String; 5] {
             side,
         ]);
         sh(&["ip", "-n", &nr, "link", "set", side, "up"]);
-        sh(&["ip", "-n", ns, "link", "add", "cni0", "type", "bridge"]);
-        sh(&[
-            "ip",
-            "-n",
-            ns,
-            "addr",
-            "add",
-            &format!("{gw}/24"),
-            "dev",
-            "cni0",
-        ]);
-        sh(&["ip", "-n", ns, "link", "set", "cni0", "up"]);
-        let pns = nss.add(pod);
-        pods.push(pns.clone());
-        sh(&[
-            "ip", "-n", &pns, "link", "add", "eth0", "type", "veth", "peer", "name", "vpod",
-            "netns", ns,
-        ]);
-        sh(&[
-            "ip", "-n", ns, "link", "set", "vpod", "master", "cni0", "up",
-        ]);
-        sh(&["ip", "-n", &pns, "addr", "add", pod_ip, "dev", "eth0"]);
-        sh(&["ip", "-n", &pns, "link", "set", "eth0", "up"]);
-        sh(&["ip", "-n", &pns, "route", "add", "default", "via", gw]);
+        pods.push(bridge_with_pod(nss, ns, gw, pod, pod_ip));
     }
     [na, nc, pods[0].clone(), pods[1].clone(), nr]
 }

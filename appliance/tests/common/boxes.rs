@@ -545,3 +545,38 @@ pub fn output_lines(boxes: &Boxes, name: &str, pod: &Value) -> Vec<String> {
         .map(|text| text.replace("[::ffff:", "").replace(']', ""))
         .collect()
 }
+
+/// A busybox pod `name` on box a running `script` (container `wget`, never restarted).
+pub fn client_pod(name: &str, script: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"nodeName": "a", "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "wget", "image": IMAGE, "command": ["sh", "-c", script]}]}})
+}
+
+/// Runs [`client_pod`] `name` on box a to its end: the finished pod and its output lines.
+pub fn run_on_a(boxes: &Boxes, name: &str, script: &str) -> (Value, Vec<String>) {
+    boxes.ok(
+        0,
+        &["apply", "-f", "-"],
+        Some(&client_pod(name, script).to_string()),
+    );
+    let pod = wait_pod(boxes, name, "finished", |p| {
+        p["status"]["phase"] == "Succeeded" || p["status"]["phase"] == "Failed"
+    });
+    let lines = output_lines(boxes, name, &pod);
+    (pod, lines)
+}
+
+impl Boxes {
+    /// Box `i`'s main routing table as `ip route` prints it.
+    pub fn routes(&self, i: usize) -> String {
+        in_ns(&self.boxes[i].netns, || {
+            Command::new("ip")
+                .arg("route")
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        })
+    }
+}

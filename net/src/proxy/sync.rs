@@ -185,9 +185,8 @@ impl Syncer {
     /// Whether a partial sync of the dirty Services would add a key another Service holds,
     /// or remove or add one a Service was denied: then the sync is made full, where keys are
     /// handed out again in one pass.
-    fn partial_conflicts(&self) -> bool {
-        self.dirty.iter().any(|name| {
-            let wanted = self.rules_of(name);
+    fn partial_conflicts(&self, dirty: &[(ServiceName, ServiceRules)]) -> bool {
+        dirty.iter().any(|(name, wanted)| {
             let held = self.applied.get(name);
             wanted
                 .elements
@@ -354,12 +353,21 @@ impl Syncer {
     /// full.
     pub fn sync(&mut self) -> anyhow::Result<SyncReport> {
         let now = Instant::now();
-        let full = self.need_full
+        let mut full = self.need_full
             || self
                 .last_full
                 .is_none_or(|t| now.duration_since(t) >= FULL_SYNC_PERIOD)
-            || self.drifted()
-            || self.partial_conflicts();
+            || self.drifted();
+        // The dirty Services' rules, computed once: checked for conflicts, then written.
+        let dirty: Vec<(ServiceName, ServiceRules)> = if full {
+            Vec::new()
+        } else {
+            self.dirty
+                .iter()
+                .map(|n| (n.clone(), self.rules_of(n)))
+                .collect()
+        };
+        full = full || self.partial_conflicts(&dirty);
         let next_gen = self.generation.map_or(1, |g| g.wrapping_add(1));
         let mut script = Script::new(self.family);
         let mut new_applied: Vec<(ServiceName, ServiceRules)> = Vec::new();
@@ -477,12 +485,11 @@ impl Syncer {
                     deleted_stale.push(c.clone());
                 }
             }
-            for name in &self.dirty {
-                let rules = self.rules_of(name);
-                for c in script.service(self.applied.get(name), &rules) {
+            for (name, rules) in dirty {
+                for c in script.service(self.applied.get(&name), &rules) {
                     new_stale.push((c, name.clone()));
                 }
-                new_applied.push((name.clone(), rules));
+                new_applied.push((name, rules));
             }
         }
         let text = script.text();
@@ -505,6 +512,7 @@ impl Syncer {
         };
         if full {
             self.applied.clear();
+            self.owners.clear();
             self.last_full = Some(now);
             self.need_full = false;
         }
@@ -512,6 +520,19 @@ impl Syncer {
             // A chain that is active again is no longer stale.
             for c in rules.chains.keys() {
                 self.stale.remove(c);
+            }
+            // The map keys change hands only for the Services synced (all of them in a full
+            // sync, whose table was cleared above).
+            if let Some(old) = self.applied.get(&name) {
+                for e in &old.elements {
+                    let k = (e.map, e.key.clone());
+                    if self.owners.get(&k) == Some(&name) {
+                        self.owners.remove(&k);
+                    }
+                }
+            }
+            for e in &rules.elements {
+                self.owners.insert((e.map, e.key.clone()), name.clone());
             }
             if rules == ServiceRules::default() {
                 self.applied.remove(&name);
@@ -522,16 +543,6 @@ impl Syncer {
         for c in deleted_stale {
             self.stale.remove(&c);
         }
-        self.owners = self
-            .applied
-            .iter()
-            .flat_map(|(name, rules)| {
-                rules
-                    .elements
-                    .iter()
-                    .map(move |e| ((e.map, e.key.clone()), name.clone()))
-            })
-            .collect();
         for (c, owner) in new_stale {
             self.stale.entry(c).or_insert((now, owner));
         }
