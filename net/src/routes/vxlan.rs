@@ -49,8 +49,6 @@ pub const PORT: u16 = 8472;
 /// inner Ethernet header (14) = 50 bytes (RFC 7348 section 5). The kernel sizes the device's
 /// MTU as the link's minus this when the device is created over a link.
 pub const OVERHEAD_V4: u32 = 50;
-/// The same over IPv6 (a 40-byte outer header): 70 bytes.
-pub const OVERHEAD_V6: u32 = 70;
 /// The first two bytes of a VTEP MAC: `0x0e` has the locally administered bit set and the
 /// multicast bit clear (IEEE 802 "U/L" and "I/G" bits), so it can collide with no vendor's
 /// address; `0x6b` is 'k'. The last four bytes are the underlay address's last four.
