@@ -91,7 +91,8 @@ pub struct NodeArgs {
     pub cluster_domain: String,
     /// The resolver configuration pods with `dnsPolicy: Default` inherit and cluster DNS
     /// forwards other names to (the kubelet's `--resolv-conf`; on a host whose resolv.conf
-    /// names only a local stub such as systemd-resolved's, give the file behind the stub).
+    /// names only a local stub such as systemd-resolved's, give the file behind the stub;
+    /// empty: none).
     #[arg(long, default_value = skerry_net::dns::DEFAULT_RESOLV_CONF)]
     pub resolv_conf: PathBuf,
     /// The pods' addresses, cluster-wide (kube-controller-manager's and kube-proxy's flag;
@@ -344,6 +345,11 @@ impl NodeArgs {
             .map_err(|e| format!("--reserved-memory: {e}"))?;
         LogPolicy::new(&self.container_log_max_size, self.container_log_max_files)
             .map_err(|e| e.to_string())?;
+        // An empty --resolv-conf means none (as upstream's kubelet); a file named must exist.
+        if !self.resolv_conf.as_os_str().is_empty() {
+            std::fs::metadata(&self.resolv_conf)
+                .map_err(|e| format!("--resolv-conf {}: {e}", self.resolv_conf.display()))?;
+        }
         Ok(())
     }
 }

@@ -353,6 +353,11 @@ fn a_bad_node_flag_stops_the_server_at_start() {
             "0:memory=junk",
             "failed to parse memory quantity",
         ),
+        (
+            "--resolv-conf",
+            "/nonexistent/resolv.conf",
+            "No such file or directory",
+        ),
     ] {
         let out = skerry(&["server", "--data-dir", &data, flag, value]);
         assert!(!out.status.success(), "{flag} {value} was taken");
