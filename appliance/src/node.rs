@@ -31,6 +31,7 @@ use skerry_node::checkpoint::CheckpointManager;
 use skerry_node::checkpoint::cpu_manager::{CpuSet, parse_cpuset};
 use skerry_node::cm::ResourceManagers;
 use skerry_node::cm::cpu_manager::{self, CpuManager, StaticConfig};
+use skerry_node::cm::device_manager::{DeviceManager, plugin as device_plugin};
 use skerry_node::cm::memory_manager::{self, MemoryManager, parse_reserved_memory};
 use skerry_node::cm::topology::machine::Machine;
 use skerry_node::cm::topology::{HintProvider, Policy as TopologyPolicy, Scope, TopologyManager};
@@ -357,6 +358,7 @@ fn resource_managers(
     args: &NodeArgs,
     root_dir: &Path,
     capacity: &machine::ResourceList,
+    devices: &Arc<DeviceManager>,
 ) -> Result<Option<Arc<ResourceManagers>>, String> {
     let needed = args.cpu_manager_policy != cpu_manager::POLICY_NONE
         || args.memory_manager_policy != memory_manager::POLICY_NONE
@@ -415,6 +417,8 @@ fn resource_managers(
     if let Some(m) = &memory {
         providers.push(m.clone());
     }
+    // The device manager is upstream's third hint provider.
+    providers.push(devices.clone());
     let topology = TopologyManager::new(
         TopologyPolicy::parse(&args.topology_manager_policy)?,
         Scope::parse(&args.topology_manager_scope)?,
@@ -424,6 +428,7 @@ fn resource_managers(
     Ok(Some(Arc::new(ResourceManagers {
         memory,
         cpu,
+        devices: devices.clone(),
         topology,
         reconcile_period: args.cpu_manager_reconcile_period,
     })))
@@ -634,11 +639,24 @@ pub async fn start(
         (Some(cri), _) => Arc::new(cri.clone()),
         (None, message) => Arc::new(MissingRuntime(message.clone().unwrap_or_default())),
     };
+    // The device manager (always, as upstream's kubelet): its checkpoint read now, its
+    // registration socket served with the kubelet, its resources in the Node's status.
+    let devices = match DeviceManager::new(&root_dir) {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            eprintln!("skerry: no node agent: the device manager: {e}");
+            if let Some(c) = containerd {
+                c.stop().await;
+            }
+            return None;
+        }
+    };
     let status =
         match NodeStatusManager::new(client.clone(), status_config, runtime, readiness.clone()) {
             Ok(m) => {
-                let m =
-                    m.with_pod_cidr_handler(cni::pod_cidr_handler(cni_config, readiness.clone()));
+                let m = m
+                    .with_pod_cidr_handler(cni::pod_cidr_handler(cni_config, readiness.clone()))
+                    .with_device_counts(devices.subscribe());
                 // Without a runtime no eviction manager runs: the thresholds are read by the
                 // status loop itself.
                 Arc::new(if cri.is_some() {
@@ -711,7 +729,7 @@ pub async fn start(
             return None;
         }
     };
-    let resource_managers = match resource_managers(args, &root_dir, status.capacity()) {
+    let resource_managers = match resource_managers(args, &root_dir, status.capacity(), &devices) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("skerry: no node agent: the resource managers: {e}");
@@ -775,6 +793,14 @@ pub async fn start(
         ));
         Kubelet::new(config, cri, client.clone(), stop.clone())
     });
+    {
+        let (devices, stop) = (devices.clone(), stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = device_plugin::serve(devices, stop).await {
+                eprintln!("skerry: no device plugins: the registration socket: {e}");
+            }
+        });
+    }
     if let (Some(kubelet), Some((listener, tls))) = (&kubelet, kubelet_api) {
         let server = KubeletServer::new(kubelet.clone(), Auth::new(&client));
         tokio::spawn(server.serve(listener, tls, stop.clone()));
