@@ -280,3 +280,51 @@ fn an_upstream_checkpoint_restores_and_a_corrupt_one_starts_empty() {
     assert!(m.inner.lock().pods.is_empty());
     assert!(m.counts().is_empty());
 }
+
+/// The kubelet's resource managers with the device manager as the topology manager's third
+/// provider: a request the devices cannot hold refuses the pod as upstream does, and frees
+/// what it took.
+#[tokio::test]
+async fn too_few_devices_are_an_unexpected_admission_error() {
+    use crate::cm::topology::{Policy, Scope, TopologyManager, machine::Machine};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let devices = manager(dir.path(), &[dev("a0", true, &[0]), dev("b0", true, &[1])]);
+    let machine = Machine::from_table(&[(0, 0, 0, 0), (1, 1, 1, 1)], 1 << 30);
+    let checkpoints = CheckpointManager::new(dir.path().to_path_buf()).expect("checkpoints");
+    let cpu = Arc::new(
+        crate::cm::cpu_manager::CpuManager::new("none", None, machine, checkpoints)
+            .expect("cpu manager"),
+    );
+    let providers: Vec<Arc<dyn HintProvider>> = vec![cpu.clone(), devices.clone()];
+    let topology =
+        TopologyManager::new(Policy::BestEffort, Scope::Container, vec![0, 1], providers)
+            .expect("topology");
+    let managers = crate::cm::ResourceManagers {
+        cpu,
+        memory: None,
+        devices: devices.clone(),
+        topology,
+        reconcile_period: Duration::from_secs(10),
+    };
+    let big = pod("big", &[], &[("app", 3)]);
+    managers.admit(&big).expect("best-effort admits");
+    let err = managers
+        .allocate_devices(&big, &HashSet::from(["big".to_string()]))
+        .await
+        .expect_err("two devices");
+    assert_eq!(err.reason, "UnexpectedAdmissionError");
+    assert_eq!(
+        err.message,
+        "Allocate failed due to requested number of devices unavailable for skerry.test/widget. Requested: 3, Available: 2, which is unexpected"
+    );
+    assert!(
+        managers.topology.affinity("big", "app").is_none(),
+        "released"
+    );
+    // One device: the topology manager merged NUMA node 0 or 1 alone for it.
+    let one = pod("one", &[], &[("app", 1)]);
+    managers.admit(&one).expect("admit");
+    let hint = managers.topology.affinity("one", "app").expect("affinity");
+    assert_eq!(hint.affinity.map(|m| m.count()), Some(1));
+    assert!(hint.preferred);
+}
