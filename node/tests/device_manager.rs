@@ -4,6 +4,7 @@
 //! `GetPreferredAllocation` and `Allocate`, and the checkpoint holds the result.
 
 use std::collections::{BTreeMap, HashSet};
+use std::os::unix::fs::FileTypeExt as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,7 +48,8 @@ async fn serve(root: &std::path::Path, grace: Duration) -> (Arc<DeviceManager>, 
     tokio::spawn(plugin::serve(m.clone(), stop.clone()));
     let socket = m.socket_path();
     tokio::time::timeout(WAIT, async {
-        while !socket.exists() {
+        // A socket, not the stale file the test may have left there.
+        while !std::fs::metadata(&socket).is_ok_and(|m| m.file_type().is_socket()) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
@@ -59,14 +61,14 @@ async fn serve(root: &std::path::Path, grace: Duration) -> (Arc<DeviceManager>, 
 #[tokio::test]
 async fn a_plugin_registers_lists_allocates_and_goes() {
     let root = tempfile::tempdir().expect("tempdir");
-    // A stale socket file from an earlier kubelet is replaced.
-    std::fs::create_dir_all(root.path().join(DEVICE_PLUGINS_DIR)).expect("dir");
-    std::fs::write(
-        root.path().join(DEVICE_PLUGINS_DIR).join("kubelet.sock"),
-        "",
-    )
-    .expect("stale");
+    // A stale socket file from an earlier kubelet is replaced, an old plugin's socket
+    // removed (its plugin sees it and registers again).
+    let plugins = root.path().join(DEVICE_PLUGINS_DIR);
+    std::fs::create_dir_all(&plugins).expect("dir");
+    std::fs::write(plugins.join("kubelet.sock"), "").expect("stale");
+    std::fs::write(plugins.join("old-plugin.sock"), "").expect("stale");
     let (m, stop) = serve(root.path(), Duration::from_millis(500)).await;
+    assert!(!plugins.join("old-plugin.sock").exists());
     let kubelet_sock = m.socket_path();
 
     // Refused registrations, with upstream's messages.

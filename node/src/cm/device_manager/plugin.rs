@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{DeviceManager, Endpoint, SUPPORTED_VERSIONS, is_extended_resource_name};
+use crate::checkpoint::device_manager::DEVICE_MANAGER_CHECKPOINT_FILE;
 use crate::deviceplugin::v1beta1 as api;
 
 /// `errUnsupportedVersion`, with Go's `%q` of the version and of the supported list.
@@ -144,14 +145,20 @@ pub async fn serve(manager: Arc<DeviceManager>, stop: CancellationToken) -> std:
     result.map_err(std::io::Error::other)
 }
 
-/// Binds the registration socket (the directory created, an old socket removed).
+/// Binds the registration socket: the directory created, and every file in it but the
+/// checkpoint removed first (upstream `Start` -> `removeContents`): the old `kubelet.sock` and
+/// the plugins' sockets, whose removal tells a running plugin to register again with this
+/// kubelet.
 pub fn bind(manager: &DeviceManager) -> std::io::Result<tokio::net::UnixListener> {
     std::fs::create_dir_all(manager.dir())?;
-    let path = manager.socket_path();
-    match std::fs::remove_file(&path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
+    for entry in std::fs::read_dir(manager.dir())?.flatten() {
+        let name = entry.file_name();
+        if name == DEVICE_MANAGER_CHECKPOINT_FILE || entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if let Err(e) = std::fs::remove_file(entry.path()) {
+            warn!(file = %entry.path().display(), error = %e, "removing a stale file of the device plugin directory");
+        }
     }
-    tokio::net::UnixListener::bind(&path)
+    tokio::net::UnixListener::bind(manager.socket_path())
 }
