@@ -237,5 +237,35 @@ async fn a_plugin_registers_lists_allocates_and_goes() {
         .expect("allocate");
     assert!(m.allocated("a", "app", WIDGET).is_empty());
     assert_eq!(m.allocated("c", "app", WIDGET), ["w1"]);
+
+    // A third plugin registers the resource while the second still runs: it takes over,
+    // and the second's updates no longer count.
+    let third = FakeDevicePlugin::start(
+        m.dir(),
+        "widget3.sock",
+        WIDGET,
+        "WIDGET",
+        api::DevicePluginOptions::default(),
+        vec![device("w0", true, &[])],
+    )
+    .expect("plugin");
+    third.register(&kubelet_sock).await.expect("register");
+    counts_become(
+        &m,
+        Counts {
+            capacity: 1,
+            allocatable: 1,
+        },
+    )
+    .await;
+    again.set_devices(vec![device("x", true, &[]); 5]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        m.counts()[WIDGET],
+        Counts {
+            capacity: 1,
+            allocatable: 1
+        }
+    );
     stop.cancel();
 }

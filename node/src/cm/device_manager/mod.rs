@@ -126,6 +126,8 @@ struct Resource {
     devices: BTreeMap<String, DeviceInfo>,
     /// `None`: no plugin connected (its stream ended, or restored from the checkpoint).
     endpoint: Option<Arc<Endpoint>>,
+    /// Stops the stream of the connected plugin (a new registration replaces it).
+    stream_stop: Option<tokio_util::sync::CancellationToken>,
     /// Bumped on each registration: a stream task of an older one no longer writes.
     generation: u64,
     /// Removed after its grace period: shown as zero.
@@ -337,9 +339,17 @@ impl DeviceManager {
 
     /// A plugin registered (its options read): it replaces the resource's endpoint. Returns
     /// the generation its stream writes under.
-    fn connected(&self, resource: &str, endpoint: Endpoint) -> u64 {
+    fn connected(
+        &self,
+        resource: &str,
+        endpoint: Endpoint,
+        stream_stop: tokio_util::sync::CancellationToken,
+    ) -> u64 {
         let mut inner = self.inner.lock();
         let r = inner.resources.entry(resource.to_string()).or_default();
+        if let Some(old) = r.stream_stop.replace(stream_stop) {
+            old.cancel();
+        }
         r.endpoint = Some(Arc::new(endpoint));
         r.generation += 1;
         r.removed = false;

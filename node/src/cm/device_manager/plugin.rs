@@ -99,9 +99,10 @@ async fn connect(manager: Arc<DeviceManager>, req: api::RegisterRequest) {
         }
     };
     let resource = req.resource_name;
-    let generation = manager.connected(&resource, Endpoint { client, options });
+    let stop = CancellationToken::new();
+    let generation = manager.connected(&resource, Endpoint { client, options }, stop.clone());
     info!(resource = %resource, "device plugin connected");
-    run_stream(manager, resource, generation, stream).await;
+    run_stream(manager, resource, generation, stream, stop).await;
 }
 
 async fn run_stream(
@@ -109,9 +110,15 @@ async fn run_stream(
     resource: String,
     generation: u64,
     mut stream: tonic::codec::Streaming<api::ListAndWatchResponse>,
+    stop: CancellationToken,
 ) {
     loop {
-        match stream.next().await {
+        let next = tokio::select! {
+            next = stream.next() => next,
+            // A newer registration of the resource took over.
+            () = stop.cancelled() => return,
+        };
+        match next {
             Some(Ok(r)) => manager.update_devices(&resource, generation, &r.devices),
             Some(Err(e)) => {
                 warn!(resource = %resource, error = %e.message(), "ListAndWatch ended with an error");

@@ -29,6 +29,7 @@ fn manager(dir: &std::path::Path, devices: &[api::Device]) -> Arc<DeviceManager>
             client: api::device_plugin_client::DevicePluginClient::new(channel),
             options: api::DevicePluginOptions::default(),
         },
+        tokio_util::sync::CancellationToken::new(),
     );
     m.update_devices(WIDGET, generation, devices);
     m
