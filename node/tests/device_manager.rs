@@ -245,8 +245,11 @@ async fn a_plugin_registers_lists_allocates_and_goes() {
         "widget3.sock",
         WIDGET,
         "WIDGET",
-        api::DevicePluginOptions::default(),
-        vec![device("w0", true, &[])],
+        api::DevicePluginOptions {
+            pre_start_required: true,
+            get_preferred_allocation_available: false,
+        },
+        vec![device("z0", true, &[])],
     )
     .expect("plugin");
     third.register(&kubelet_sock).await.expect("register");
@@ -267,5 +270,12 @@ async fn a_plugin_registers_lists_allocates_and_goes() {
             allocatable: 1
         }
     );
+    // It asked for PreStartContainer: called with the container's devices before it starts.
+    m.allocate_pod(&pod("d", 1), &HashSet::from(["d".to_string()]), |_| None)
+        .await
+        .expect("allocate");
+    m.pre_start("d", "app").await.expect("pre-start");
+    assert_eq!(third.calls().allocate, [vec!["z0".to_string()]]);
+    assert_eq!(third.calls().pre_start, [vec!["z0".to_string()]]);
     stop.cancel();
 }
