@@ -827,7 +827,8 @@ impl DeviceManager {
 
     /// The NUMA hints for `requests` (`generateDeviceTopologyHints`): every mask of NUMA
     /// nodes whose free devices can hold the request, preferred when it is as narrow as the
-    /// narrowest such mask; a resource with a device lacking topology gives no preference.
+    /// narrowest such mask (devices without topology count in none); a resource none of whose
+    /// devices has topology gives no preference.
     fn hints(&self, pod: &Pod, requests: &BTreeMap<String, usize>) -> HintMap {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let inner = self.inner.lock();
@@ -836,7 +837,9 @@ impl DeviceManager {
             let Some(r) = inner.resources.get(resource) else {
                 continue;
             };
-            if r.devices.values().any(|d| d.numa.is_empty()) {
+            // No device reports its NUMA nodes: the plugin does not care about alignment
+            // (`deviceHasTopologyAlignment`).
+            if r.devices.values().all(|d| d.numa.is_empty()) {
                 out.insert(resource.clone(), None);
                 continue;
             }

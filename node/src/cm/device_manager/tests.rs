@@ -194,6 +194,9 @@ fn numa_hints_and_the_affinity_pick() {
         DeviceManager::pick(&m.inner.lock(), WIDGET, &free, 2, Some(mask)),
         ["b0", "b1"]
     );
+    // Devices without topology: no preference.
+    let plain = manager(dir.path(), &[dev("p0", true, &[]), dev("p1", true, &[])]);
+    assert_eq!(plain.container_hints(&p, c).get(WIDGET), Some(&None));
     // A container asking nothing of the plugin has no preference.
     let none: Pod = serde_json::from_value(
         serde_json::json!({"metadata": {"uid": "n"}, "spec": {"containers": [{"name": "c"}]}}),
