@@ -351,8 +351,9 @@ impl NodeArgs {
 
 /// The CPU and topology managers (`pkg/kubelet/cm/container_manager_linux.go` builds them
 /// in `NewContainerManager`): the machine's topology from /sys, the CPU manager's state from
-/// `<root-dir>/cpu_manager_state`. `None` with a warning when the topology cannot be read
-/// and neither policy needs it; an error (no node agent, as upstream's kubelet does not
+/// `<root-dir>/cpu_manager_state`, and the device manager as the third hint provider. When
+/// the topology cannot be read and no policy needs it, a warning and managers that place
+/// nothing but devices; an error (no node agent, as upstream's kubelet does not
 /// start) when the static policy or a NUMA-aware topology policy cannot run.
 fn resource_managers(
     args: &NodeArgs,
@@ -367,7 +368,29 @@ fn resource_managers(
         Ok(m) => m,
         Err(e) if !needed => {
             tracing::warn!(error = %e, "no CPU manager: the machine's topology cannot be read");
-            return Ok(None);
+            // The device manager runs all the same (upstream always runs it), under a
+            // topology manager without NUMA nodes and a CPU manager that sets nothing.
+            let checkpoints = CheckpointManager::new(root_dir).map_err(|e| e.to_string())?;
+            let cpu = Arc::new(CpuManager::new(
+                cpu_manager::POLICY_NONE,
+                None,
+                Machine::from_table(&[], 0),
+                checkpoints,
+            )?);
+            let providers: Vec<Arc<dyn HintProvider>> = vec![cpu.clone(), devices.clone()];
+            let topology = TopologyManager::new(
+                TopologyPolicy::None,
+                Scope::parse(&args.topology_manager_scope)?,
+                Vec::new(),
+                providers,
+            )?;
+            return Ok(Some(Arc::new(ResourceManagers {
+                memory: None,
+                cpu,
+                devices: devices.clone(),
+                topology,
+                reconcile_period: args.cpu_manager_reconcile_period,
+            })));
         }
         Err(e) => return Err(format!("the machine's topology: {e}")),
     };
