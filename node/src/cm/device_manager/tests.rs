@@ -250,6 +250,31 @@ async fn allocations_survive_a_restart_through_the_checkpoint() {
         .await
         .expect("kept");
     assert_eq!(again.allocated("a", "app", WIDGET), ["w0", "w1"]);
+    // The plugin comes back with one more device: only that one is free for another pod.
+    let again = Arc::new(again);
+    let channel = crate::cri::transport::unix_channel(&dir.path().join("absent.sock"));
+    let generation = again.connected(
+        WIDGET,
+        Endpoint {
+            client: api::device_plugin_client::DevicePluginClient::new(channel),
+            options: api::DevicePluginOptions::default(),
+        },
+        tokio_util::sync::CancellationToken::new(),
+    );
+    again.update_devices(
+        WIDGET,
+        generation,
+        &[
+            dev("w0", true, &[1]),
+            dev("w1", true, &[]),
+            dev("w2", true, &[]),
+        ],
+    );
+    let b = pod("b", &[], &[("app", 1)]);
+    assert_eq!(
+        DeviceManager::free_devices(&again.inner.lock(), &b, "b", WIDGET),
+        ["w2"]
+    );
     // The pod ends: its entry leaves the checkpoint.
     again.release("a");
     let mut cp = DeviceManagerCheckpoint::default();
