@@ -1,5 +1,5 @@
 //! Compiles the CRI v1 proto, the few containerd services skerry calls and the gRPC health
-//! protocol (gRPC probes) with `protox` (pure
+//! protocol (gRPC probes) and the device plugin API with `protox` (pure
 //! Rust, so a machine without `protoc` builds) into prost messages and tonic clients.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,5 +24,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let health = "proto/grpc/health/v1/health.proto";
     println!("cargo:rerun-if-changed={health}");
     tonic_prost_build::configure().compile_fds(protox::compile([health], ["proto"])?)?;
+    // The device plugin API: the kubelet serves `Registration` and calls `DevicePlugin`;
+    // the other two sides are for plugins (the tests' fake one).
+    let deviceplugin = "proto/deviceplugin/v1beta1/api.proto";
+    println!("cargo:rerun-if-changed={deviceplugin}");
+    tonic_prost_build::configure().compile_fds(protox::compile([deviceplugin], ["proto"])?)?;
     Ok(())
 }

@@ -31,6 +31,7 @@ use skerry_node::checkpoint::CheckpointManager;
 use skerry_node::checkpoint::cpu_manager::{CpuSet, parse_cpuset};
 use skerry_node::cm::ResourceManagers;
 use skerry_node::cm::cpu_manager::{self, CpuManager, StaticConfig};
+use skerry_node::cm::device_manager::{DeviceManager, plugin as device_plugin};
 use skerry_node::cm::memory_manager::{self, MemoryManager, parse_reserved_memory};
 use skerry_node::cm::topology::machine::Machine;
 use skerry_node::cm::topology::{HintProvider, Policy as TopologyPolicy, Scope, TopologyManager};
@@ -356,13 +357,15 @@ impl NodeArgs {
 
 /// The CPU and topology managers (`pkg/kubelet/cm/container_manager_linux.go` builds them
 /// in `NewContainerManager`): the machine's topology from /sys, the CPU manager's state from
-/// `<root-dir>/cpu_manager_state`. `None` with a warning when the topology cannot be read
-/// and neither policy needs it; an error (no node agent, as upstream's kubelet does not
+/// `<root-dir>/cpu_manager_state`, and the device manager as the third hint provider. When
+/// the topology cannot be read and no policy needs it, a warning and managers that place
+/// nothing but devices; an error (no node agent, as upstream's kubelet does not
 /// start) when the static policy or a NUMA-aware topology policy cannot run.
 fn resource_managers(
     args: &NodeArgs,
     root_dir: &Path,
     capacity: &machine::ResourceList,
+    devices: &Arc<DeviceManager>,
 ) -> Result<Option<Arc<ResourceManagers>>, String> {
     let needed = args.cpu_manager_policy != cpu_manager::POLICY_NONE
         || args.memory_manager_policy != memory_manager::POLICY_NONE
@@ -371,7 +374,29 @@ fn resource_managers(
         Ok(m) => m,
         Err(e) if !needed => {
             tracing::warn!(error = %e, "no CPU manager: the machine's topology cannot be read");
-            return Ok(None);
+            // The device manager runs all the same (upstream always runs it), under a
+            // topology manager without NUMA nodes and a CPU manager that sets nothing.
+            let checkpoints = CheckpointManager::new(root_dir).map_err(|e| e.to_string())?;
+            let cpu = Arc::new(CpuManager::new(
+                cpu_manager::POLICY_NONE,
+                None,
+                Machine::from_table(&[], 0),
+                checkpoints,
+            )?);
+            let providers: Vec<Arc<dyn HintProvider>> = vec![cpu.clone(), devices.clone()];
+            let topology = TopologyManager::new(
+                TopologyPolicy::None,
+                Scope::parse(&args.topology_manager_scope)?,
+                Vec::new(),
+                providers,
+            )?;
+            return Ok(Some(Arc::new(ResourceManagers {
+                memory: None,
+                cpu,
+                devices: devices.clone(),
+                topology,
+                reconcile_period: args.cpu_manager_reconcile_period,
+            })));
         }
         Err(e) => return Err(format!("the machine's topology: {e}")),
     };
@@ -421,6 +446,8 @@ fn resource_managers(
     if let Some(m) = &memory {
         providers.push(m.clone());
     }
+    // The device manager is upstream's third hint provider.
+    providers.push(devices.clone());
     let topology = TopologyManager::new(
         TopologyPolicy::parse(&args.topology_manager_policy)?,
         Scope::parse(&args.topology_manager_scope)?,
@@ -430,6 +457,7 @@ fn resource_managers(
     Ok(Some(Arc::new(ResourceManagers {
         memory,
         cpu,
+        devices: devices.clone(),
         topology,
         reconcile_period: args.cpu_manager_reconcile_period,
     })))
@@ -640,11 +668,24 @@ pub async fn start(
         (Some(cri), _) => Arc::new(cri.clone()),
         (None, message) => Arc::new(MissingRuntime(message.clone().unwrap_or_default())),
     };
+    // The device manager (always, as upstream's kubelet): its checkpoint read now, its
+    // registration socket served with the kubelet, its resources in the Node's status.
+    let devices = match DeviceManager::new(&root_dir) {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            eprintln!("skerry: no node agent: the device manager: {e}");
+            if let Some(c) = containerd {
+                c.stop().await;
+            }
+            return None;
+        }
+    };
     let status =
         match NodeStatusManager::new(client.clone(), status_config, runtime, readiness.clone()) {
             Ok(m) => {
-                let m =
-                    m.with_pod_cidr_handler(cni::pod_cidr_handler(cni_config, readiness.clone()));
+                let m = m
+                    .with_pod_cidr_handler(cni::pod_cidr_handler(cni_config, readiness.clone()))
+                    .with_device_counts(devices.subscribe());
                 // Without a runtime no eviction manager runs: the thresholds are read by the
                 // status loop itself.
                 Arc::new(if cri.is_some() {
@@ -717,7 +758,7 @@ pub async fn start(
             return None;
         }
     };
-    let resource_managers = match resource_managers(args, &root_dir, status.capacity()) {
+    let resource_managers = match resource_managers(args, &root_dir, status.capacity(), &devices) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("skerry: no node agent: the resource managers: {e}");
@@ -781,6 +822,14 @@ pub async fn start(
         ));
         Kubelet::new(config, cri, client.clone(), stop.clone())
     });
+    {
+        let (devices, stop) = (devices.clone(), stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = device_plugin::serve(devices, stop).await {
+                eprintln!("skerry: no device plugins: the registration socket: {e}");
+            }
+        });
+    }
     if let (Some(kubelet), Some((listener, tls))) = (&kubelet, kubelet_api) {
         let server = KubeletServer::new(kubelet.clone(), Auth::new(&client));
         tokio::spawn(server.serve(listener, tls, stop.clone()));

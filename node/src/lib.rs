@@ -11,6 +11,7 @@ pub mod cm;
 pub mod cni;
 pub mod containerd;
 pub mod cri;
+pub mod deviceplugin;
 pub mod env;
 pub mod eviction;
 pub mod images;

@@ -7,6 +7,10 @@
 //! containerd keeps shims and containers running when it stops (as with systemd's
 //! `KillMode=process`), which is what a node wants and what a test must undo. Only built
 //! with the `testing` feature.
+//!
+//! [`device_plugin`]: a device plugin for tests, served in the test's process.
+
+pub mod device_plugin;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -7,6 +7,10 @@
 //! - [`memory_manager`]: the memory manager, `None` or `Static` (a Guaranteed container's
 //!   memory on the merged NUMA nodes, its `cpuset.mems` set at creation), kept in the
 //!   `memory_manager_state` checkpoint;
+//! - [`device_manager`]: the device manager, the kubelet's side of the device plugin API:
+//!   plugins register on `device-plugins/kubelet.sock`, their devices become extended
+//!   resources on the Node and are handed to the containers that request them (a third hint
+//!   provider), kept in the `device-plugins/kubelet_internal_checkpoint` checkpoint;
 //! - [`cpu_manager`]: the CPU manager, `none` or `static` (exclusive CPUs for the integer CPU
 //!   requests of Guaranteed pods, a shared pool for everything else), kept in the
 //!   `cpu_manager_state` checkpoint and reconciled into every container's cpuset over CRI.
@@ -18,6 +22,7 @@
 //! merge.
 
 pub mod cpu_manager;
+pub mod device_manager;
 pub mod memory_manager;
 pub mod topology;
 
@@ -36,7 +41,9 @@ pub struct ResourceManagers {
     pub cpu: Arc<cpu_manager::CpuManager>,
     /// The memory manager (`None`: policy `None`).
     pub memory: Option<Arc<memory_manager::MemoryManager>>,
-    /// The topology manager, over the CPU and memory managers as its hint providers.
+    /// The device manager (always there: upstream always runs it).
+    pub devices: Arc<device_manager::DeviceManager>,
+    /// The topology manager, over the CPU, memory and device managers as its hint providers.
     pub topology: topology::TopologyManager,
     /// `--cpu-manager-reconcile-period`.
     pub reconcile_period: Duration,
@@ -48,7 +55,32 @@ impl ResourceManagers {
         self.topology.admit(pod)
     }
 
-    /// The pod stopped: its affinities and exclusive CPUs are freed.
+    /// The devices of `pod`'s containers, after [`ResourceManagers::admit`]: chosen within
+    /// the affinities the topology manager recorded and allocated by their plugins; `active`
+    /// are the pods still holding resources. A failure frees everything of the pod and is
+    /// upstream's `UnexpectedAdmissionError`.
+    pub async fn allocate_devices(
+        &self,
+        pod: &Pod,
+        active: &std::collections::HashSet<String>,
+    ) -> Result<(), topology::AdmitError> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let result = self
+            .devices
+            .allocate_pod(pod, active, |c| {
+                self.topology.affinity(&uid, c).and_then(|h| h.affinity)
+            })
+            .await;
+        result.map_err(|e| {
+            self.release_pod(&uid);
+            topology::AdmitError {
+                reason: topology::UNEXPECTED_ADMISSION_ERROR.to_string(),
+                message: format!("Allocate failed due to {e}, which is unexpected"),
+            }
+        })
+    }
+
+    /// The pod stopped: its affinities, exclusive CPUs, memory and devices are freed.
     pub fn release_pod(&self, uid: &str) {
         self.topology.remove_pod(uid);
         use topology::HintProvider as _;
@@ -56,6 +88,12 @@ impl ResourceManagers {
         if let Some(m) = &self.memory {
             m.release_pod(uid);
         }
+        self.devices.release(uid);
+    }
+
+    /// What a new container gets from its devices (`None`: it holds none).
+    pub fn device_options(&self, uid: &str, container: &str) -> Option<device_manager::RunOptions> {
+        self.devices.run_options(uid, container)
     }
 
     /// The cpuset a new container is created with (`None`: leave it alone).

@@ -8,8 +8,9 @@
 //! the host ports.
 //!
 //! A pod these predicates admit then goes through the topology manager's admit handler
-//! (`crate::cm`: NUMA hints merged, exclusive CPUs and memory allocated), whose refusal is
-//! upstream's `TopologyAffinityError` or `UnexpectedAdmissionError`.
+//! (`crate::cm`: NUMA hints merged, exclusive CPUs and memory allocated) and the device
+//! manager's allocation (its plugins' `Allocate`), whose refusal is upstream's
+//! `TopologyAffinityError` or `UnexpectedAdmissionError`.
 //!
 //! Pure: [`admit`] takes the node and the other pods and gives the first failure with
 //! upstream's reason and message; the kubelet sets the pod `Failed` with
@@ -276,6 +277,21 @@ impl Kubelet {
                 }
                 verdict
             };
+            // Then the devices (the device manager's `Allocate`, a call to each plugin).
+            let verdict = match (verdict, &self.config.resource_managers) {
+                (Ok(()), Some(m)) => {
+                    let active = self.active_uids();
+                    let allocated = m.allocate_devices(pod, &active).await;
+                    allocated.map_err(|e| {
+                        self.admitted_lock().remove(&uid);
+                        Rejection {
+                            reason: e.reason,
+                            message: e.message,
+                        }
+                    })
+                }
+                (verdict, _) => verdict,
+            };
             if let Err(r) = verdict {
                 warn!(pod = %pod_name(pod), reason = %r.reason, message = %r.message, "pod rejected");
                 self.events
@@ -297,7 +313,22 @@ impl Kubelet {
             warn!(pod = %pod_name(pod), reason = %e.reason, message = %e.message, "a running pod does not fit the resource managers");
         }
         self.admitted_lock().insert(uid, Arc::new(pod.clone()));
+        // Its devices come back from the device manager's checkpoint.
+        if let Some(m) = &self.config.resource_managers {
+            let active = self.active_uids();
+            if let Err(e) = m.allocate_devices(pod, &active).await {
+                warn!(pod = %pod_name(pod), reason = %e.reason, message = %e.message, "a running pod's devices cannot be allocated");
+            }
+        }
         Ok(true)
+    }
+
+    /// The UIDs of the pods holding resources (the device manager forgets the others').
+    fn active_uids(&self) -> std::collections::HashSet<String> {
+        self.pods_holding_resources()
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect()
     }
 
     /// Forgets an admitted pod (it stopped: its requests, ports and exclusive CPUs are free

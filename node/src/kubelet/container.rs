@@ -304,6 +304,10 @@ pub struct ContainerInput<'a> {
     pub cgroup_host: CgroupHost,
     /// The spec hash.
     pub hash: String,
+    /// What the device plugins' `Allocate` gave the container: envs and mounts before the
+    /// container's own (upstream appends these after the device manager's), device nodes,
+    /// annotations.
+    pub devices: Option<crate::cm::device_manager::RunOptions>,
 }
 
 /// The log path of a container, relative to the sandbox's log directory:
@@ -354,6 +358,10 @@ pub fn container_config(input: &ContainerInput<'_>) -> api::ContainerConfig {
         ),
         (ANNOTATION_TERMINATION_GRACE.to_string(), grace.to_string()),
     ]);
+    let devices = input.devices.clone().unwrap_or_default();
+    for (k, v) in &devices.annotations {
+        annotations.insert(k.clone(), v.clone());
+    }
     if let Some(pre_stop) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
         annotations.insert(
             ANNOTATION_PRE_STOP.to_string(),
@@ -373,22 +381,38 @@ pub fn container_config(input: &ContainerInput<'_>) -> api::ContainerConfig {
         command: input.command.clone(),
         args: input.args.clone(),
         working_dir: c.working_dir.clone().unwrap_or_default(),
-        envs: input
-            .env
+        envs: devices
+            .envs
             .iter()
+            .chain(input.env.iter())
             .map(|(key, value)| api::KeyValue {
                 key: key.clone(),
                 value: value.clone(),
             })
             .collect(),
-        mounts: input
+        mounts: devices
             .mounts
             .iter()
             .map(|m| api::Mount {
                 container_path: m.container_path.clone(),
+                host_path: m.host_path.clone(),
+                readonly: m.read_only,
+                ..Default::default()
+            })
+            .chain(input.mounts.iter().map(|m| api::Mount {
+                container_path: m.container_path.clone(),
                 host_path: m.host_path.display().to_string(),
                 readonly: m.read_only,
                 ..Default::default()
+            }))
+            .collect(),
+        devices: devices
+            .devices
+            .iter()
+            .map(|d| api::Device {
+                container_path: d.container_path.clone(),
+                host_path: d.host_path.clone(),
+                permissions: d.permissions.clone(),
             })
             .collect(),
         labels,
@@ -644,7 +668,63 @@ mod tests {
             memory_capacity: 1 << 30,
             cgroup_host: CgroupHost::default(),
             hash: "h".into(),
+            devices: None,
         });
+        assert!(config.devices.is_empty());
+        // A container holding a device plugin's device: the plugin's envs (before the
+        // container's), mounts, device nodes and annotations.
+        use crate::deviceplugin::v1beta1 as dp;
+        let with_device = container_config(&ContainerInput {
+            pod: &pod,
+            container: c,
+            restart_count: 0,
+            image_ref: "sha256:abc",
+            command: vec![],
+            args: vec![],
+            env: vec![("A".into(), "1".into())],
+            mounts: vec![],
+            qos: "BestEffort",
+            memory_capacity: 1 << 30,
+            cgroup_host: CgroupHost::default(),
+            hash: "h".into(),
+            devices: Some(crate::cm::device_manager::RunOptions {
+                envs: vec![("WIDGET".into(), "w0".into())],
+                mounts: vec![dp::Mount {
+                    container_path: "/opt/widget".into(),
+                    host_path: "/var/lib/widget".into(),
+                    read_only: true,
+                }],
+                devices: vec![dp::DeviceSpec {
+                    container_path: "/dev/widget0".into(),
+                    host_path: "/dev/null".into(),
+                    permissions: "rw".into(),
+                }],
+                annotations: vec![("widget.skerry.test/id".into(), "w0".into())],
+            }),
+        });
+        let envs: Vec<(&str, &str)> = with_device
+            .envs
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .collect();
+        assert_eq!(envs, [("WIDGET", "w0"), ("A", "1")]);
+        assert_eq!(
+            (
+                with_device.mounts[0].container_path.as_str(),
+                with_device.mounts[0].host_path.as_str(),
+                with_device.mounts[0].readonly
+            ),
+            ("/opt/widget", "/var/lib/widget", true)
+        );
+        assert_eq!(
+            with_device.devices,
+            [api::Device {
+                container_path: "/dev/widget0".into(),
+                host_path: "/dev/null".into(),
+                permissions: "rw".into(),
+            }]
+        );
+        assert_eq!(with_device.annotations["widget.skerry.test/id"], "w0");
         assert_eq!(config.log_path, "app/3.log");
         assert_eq!(config.metadata.as_ref().map(|m| m.attempt), Some(3));
         assert_eq!(config.labels["io.kubernetes.container.name"], "app");

@@ -719,6 +719,18 @@ impl Kubelet {
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| config_error(format!("create {}: {e}", log_dir.display())))?;
         let qos = sandbox::qos_class(pod);
+        // The device plugins' part (`GetResources` -> `GetDeviceRunContainerOptions`), after
+        // their `PreStartContainer` when they asked for it.
+        let devices = match &self.config.resource_managers {
+            Some(m) => {
+                m.devices
+                    .pre_start(&uid, &c.name)
+                    .await
+                    .map_err(config_error)?;
+                m.device_options(&uid, &c.name)
+            }
+            None => None,
+        };
         let mut config = container_config(&ContainerInput {
             pod,
             container: c,
@@ -732,6 +744,7 @@ impl Kubelet {
             memory_capacity: self.config.memory_capacity,
             cgroup_host: self.config.cgroups.host(),
             hash,
+            devices,
         });
         // The CPU manager's set (`PreCreateContainer`): its exclusive CPUs or the shared pool.
         let cpus = self

@@ -7,7 +7,8 @@
 //!   `--register-with-taints` and a full first status; when it already exists (a restart) it
 //!   is reconciled as `tryRegisterWithAPIServer` does: default labels put back, hugepage
 //!   pools brought to what the host has, extended resources zeroed until their device
-//!   plugins come back. Attempts back off from 100 ms doubling to 7 s.
+//!   plugins come back ([`NodeStatusManager::with_device_counts`]: the device manager's
+//!   counts, each change written at once). Attempts back off from 100 ms doubling to 7 s.
 //! - **Status** ([`NodeStatusManager::sync_status`]): every `nodeStatusUpdateFrequency`
 //!   (10 s), and at once when a readiness input changes or the Node's podCIDRs appear, the
 //!   status is computed over the stored Node ([`setters`]) and patched only if it changed
@@ -206,7 +207,13 @@ pub struct NodeStatusManager {
     /// The eviction manager's node conditions, when it runs (else the thresholds are
     /// observed here directly).
     pressure: Option<tokio::sync::watch::Receiver<Pressure>>,
+    /// The device plugins' resources (capacity: all devices, allocatable: the healthy ones),
+    /// when the device manager runs.
+    devices: Option<tokio::sync::watch::Receiver<DeviceCounts>>,
 }
+
+/// The device manager's counts by resource name.
+pub type DeviceCounts = BTreeMap<String, crate::cm::device_manager::Counts>;
 
 impl NodeStatusManager {
     /// Reads the machine and prepares the manager; `client` writes as the node.
@@ -241,6 +248,7 @@ impl NodeStatusManager {
             registration_events: tokio::sync::Mutex::new(Vec::new()),
             node_changed: Notify::new(),
             pressure: None,
+            devices: None,
         })
     }
 
@@ -259,6 +267,33 @@ impl NodeStatusManager {
     ) -> NodeStatusManager {
         self.pressure = Some(pressure);
         self
+    }
+
+    /// Adds the device plugins' resources to capacity and allocatable (upstream's
+    /// `devicePluginResourceCapacityFunc` in the `MachineInfo` setter); a change is written at
+    /// once.
+    pub fn with_device_counts(
+        mut self,
+        devices: tokio::sync::watch::Receiver<DeviceCounts>,
+    ) -> NodeStatusManager {
+        self.devices = Some(devices);
+        self
+    }
+
+    /// Capacity and allocatable with the device plugins' resources.
+    fn with_devices(&self) -> (ResourceList, ResourceList) {
+        let mut capacity = self.capacity.clone();
+        let mut allocatable = self.allocatable.clone();
+        if let Some(d) = &self.devices {
+            for (name, c) in d.borrow().iter() {
+                let unit = |n: i64| {
+                    skerry_api::validation::quantity::Quantity(i128::from(n) * machine::NANO)
+                };
+                capacity.insert(name.clone(), unit(c.capacity));
+                allocatable.insert(name.clone(), unit(c.allocatable));
+            }
+        }
+        (capacity, allocatable)
     }
 
     /// The machine as read at start.
@@ -314,6 +349,7 @@ impl NodeStatusManager {
         if self.register(&stop).await {
             let mut readiness = self.readiness.subscribe();
             let mut pressure = self.pressure.clone();
+            let mut devices = self.devices.clone();
             loop {
                 if let Err(e) = self.sync_status().await {
                     tracing::error!(node = %self.config.node_name, error = %e, "unable to update node status");
@@ -335,6 +371,16 @@ impl NodeStatusManager {
                     } => {
                         if changed.is_err() {
                             pressure = None;
+                        }
+                    }
+                    changed = async {
+                        match devices.as_mut() {
+                            Some(d) => d.changed().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        if changed.is_err() {
+                            devices = None;
                         }
                     }
                 }
@@ -424,12 +470,13 @@ impl NodeStatusManager {
                 &self.config.reservations.eviction_hard,
             ),
         };
+        let (capacity, allocatable) = self.with_devices();
         let inputs = setters::Inputs {
             node_name: &self.config.node_name,
             now: Timestamp::now(),
             machine: &self.machine,
-            capacity: &self.capacity,
-            allocatable: &self.allocatable,
+            capacity: &capacity,
+            allocatable: &allocatable,
             addresses,
             runtime_version: version.as_ref(),
             images,
