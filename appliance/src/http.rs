@@ -336,7 +336,13 @@ impl HttpFace {
             "The latency distributions of fsync called by WAL.",
             Kind::Histogram,
         )
-        .histogram("etcd_disk_wal_fsync_duration_seconds", &[], &m::WAL_FSYNC);
+        .histogram("etcd_disk_wal_fsync_duration_seconds", &[], &m::WAL_FSYNC)
+        .single(
+            "skerry_disk_wal_slow_fsyncs_total",
+            "Log fsyncs that took 100 ms or more: the disk is too slow for the log.",
+            Kind::Counter,
+            m::WAL_SLOW_FSYNCS.load(Ordering::Relaxed) as f64,
+        );
         if let Some(s) = &status {
             e.single(
                 "etcd_mvcc_db_total_size_in_bytes",

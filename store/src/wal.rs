@@ -87,7 +87,15 @@ pub struct Wal {
     /// is half full, so a store that never fills one never pays for two.
     spare: Option<JoinHandle<Result<File, StoreError>>>,
     buf: Vec<u8>,
+    /// Test-only fault injection: a stall added to every sync (see [`SyncFault`]).
+    sync_fault: Option<SyncFault>,
 }
+
+/// A fault hook for tests: called after each `fdatasync`, returns how much longer the sync
+/// is to take (a slow SD card's stall); counted in the sync's measured time, so the slow-sync
+/// alarm sees it as it would see a slow disk. Only tests and the simulation set one; nothing
+/// in a running server does.
+pub type SyncFault = std::sync::Arc<dyn Fn() -> std::time::Duration + Send + Sync>;
 
 impl Wal {
     /// Opens the log in `dir` (creating it), returns it with every record whose index is after
@@ -163,6 +171,7 @@ impl Wal {
                     last_index: wal_last.unwrap_or(applied),
                     spare: None,
                     buf: Vec::new(),
+                    sync_fault: None,
                 }
             }
             (last, _) => {
@@ -189,6 +198,7 @@ impl Wal {
                     last_index: applied,
                     spare: None,
                     buf: Vec::new(),
+                    sync_fault: None,
                 }
             }
         };
@@ -215,8 +225,16 @@ impl Wal {
         self.write(records)?;
         let started = std::time::Instant::now();
         self.file.sync_data()?;
-        crate::metrics::WAL_FSYNC.observe(started.elapsed());
+        if let Some(fault) = &self.sync_fault {
+            std::thread::sleep(fault());
+        }
+        crate::metrics::observe_wal_fsync(started.elapsed());
         Ok(())
+    }
+
+    /// Installs a test's sync fault (see [`SyncFault`]); `None` removes it.
+    pub fn set_sync_fault(&mut self, fault: Option<SyncFault>) {
+        self.sync_fault = fault;
     }
 
     /// Like [`Wal::append`] without the final sync: the records become durable with the next
