@@ -342,6 +342,13 @@ impl HttpFace {
             "Log fsyncs that took 100 ms or more: the disk is too slow for the log.",
             Kind::Counter,
             m::WAL_SLOW_FSYNCS.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "skerry_disk_stall_handovers_total",
+            "Times this member, leading, handed leadership over because its log's sync stalled \
+             for a second or more.",
+            Kind::Counter,
+            m::DISK_STALL_HANDOVERS.load(Ordering::Relaxed) as f64,
         );
         if let Some(s) = &status {
             e.single(

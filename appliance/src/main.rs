@@ -232,11 +232,12 @@ struct ServerArgs {
     /// This member's peer URLs as the others reach them; must match --initial-cluster.
     #[arg(long)]
     initial_advertise_peer_urls: Option<String>,
-    /// Time between leader heartbeats, in milliseconds.
-    #[arg(long, default_value_t = 100)]
+    /// Time between leader heartbeats, in milliseconds (etcd's flag; etcd's default is 100).
+    #[arg(long, default_value_t = skerry_raft::config::HEARTBEAT_INTERVAL_DEFAULT.as_millis() as u64)]
     heartbeat_interval: u64,
-    /// Time a follower waits for a heartbeat before it stands for election, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    /// Time a follower waits for a heartbeat before it stands for election, in milliseconds
+    /// (etcd's flag; etcd's default is 1000). At least 5 heartbeats.
+    #[arg(long, default_value_t = skerry_raft::config::ELECTION_TIMEOUT_DEFAULT.as_millis() as u64)]
     election_timeout: u64,
     /// Applied entries between compactions of the Raft log; a member further behind than
     /// the log reaches gets the store as a snapshot.

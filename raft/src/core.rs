@@ -7,16 +7,21 @@
 //!
 //! Each `Ready` is handled in raft-rs's order:
 //!
-//! 1. messages that need nothing durable (the leader's appends) go out at once, in parallel
-//!    with its own fsync;
+//! 1. messages that need nothing durable (the leader's appends, heartbeats and a follower's
+//!    answers to them, forwarded proposals) go out at once, in parallel with the fsync;
 //! 2. a snapshot from the leader is installed (store, then log);
-//! 3. entries committed earlier are handed to the store, in order, with the replies of the
-//!    clients on this member that proposed them;
-//! 4. the Ready's entries and hard state are persisted (one fsync when raft-rs says so);
-//! 5. only then votes and append acknowledgements go out;
-//! 6. read states answer the ReadIndex round they belong to;
-//! 7. `advance`, and the same for the light Ready it returns; then the log is compacted
-//!    if enough entries were applied.
+//! 3. entries committed (and durable here) are handed to the store, in order, with the
+//!    replies of the clients on this member that proposed them;
+//! 4. the Ready's entries and hard state are handed to the log's writer, which makes them
+//!    durable on its own thread (`advance_append_async`): the loop does not wait;
+//! 5. read states answer the ReadIndex round they belong to;
+//! 6. once the writer reports the Ready durable (`on_persist_ready`), the votes and append
+//!    acknowledgements held for it go out; the log is compacted if enough entries were
+//!    applied.
+//!
+//! So nothing on the loop waits on the disk (issue 21): a leader on a stalling SD card keeps
+//! its heartbeats on time, and only a stall longer than [`LEADER_DISK_STALL_MAX`] makes it
+//! hand leadership to a follower whose disk keeps up.
 //!
 //! Proposals carry `(member id, proposal id)` as their context, so the member a client asked
 //! recognises its entry when it applies it and answers with the entry's result. Followers
@@ -84,6 +89,37 @@ fn retry_campaign(id: u64, tick: u64) -> bool {
 /// an election picks the target anyway.
 pub const LEADER_TRANSFER_WAIT: Duration = Duration::from_secs(7);
 
+/// Readies handled per loop turn: each may produce the next (the leader's own write made
+/// durable commits entries, which apply), so a few are handled at once, but a turn stays
+/// short enough for the next tick.
+pub const READIES_PER_TURN_MAX: usize = 4;
+
+/// Messages a Ready holds for after its writes that depend on nothing written, sent at once:
+/// a follower's answer to a heartbeat (so a follower's slow disk never looks like a dead
+/// follower), and proposals, read requests, transfer requests and pre-votes it passes on (a
+/// pre-vote binds nobody). Votes and append acknowledgements wait: they promise what the
+/// disk holds. etcd's raft holds back the same kinds when its storage writes are
+/// asynchronous (`msgsAfterAppend`).
+fn needs_nothing_durable(m: &Message) -> bool {
+    matches!(
+        m.get_msg_type(),
+        MessageType::MsgHeartbeatResponse
+            | MessageType::MsgPropose
+            | MessageType::MsgReadIndex
+            | MessageType::MsgTransferLeader
+            | MessageType::MsgRequestPreVote
+    )
+}
+
+/// A leader whose log sync has been under way this long hands leadership to the follower with
+/// the most of the log. raft-rs applies on a member only what that member made durable, so
+/// while the leader's disk stalls its own clients' writes and reads wait on it, although the
+/// followers commit and serve without it. Twice the longest stall an SD card or eMMC shows in
+/// normal use (hundreds of milliseconds, k3s-io/k3s#8956), so such stalls never move
+/// leadership; etcd's default election timeout, so a disk that has stopped costs clients no
+/// more than an etcd election would.
+pub const LEADER_DISK_STALL_MAX: Duration = Duration::from_secs(1);
+
 /// A linearizable reader waiting for the read index of its round.
 pub type ReadWaiter = oneshot::Sender<Result<u64, StoreError>>;
 
@@ -115,14 +151,25 @@ pub trait Host {
     /// The log as raft-rs reads it (entries, states, snapshots).
     type Storage: raft::Storage;
 
-    /// Appends a Ready's entries (replacing any suffix from the first one's index) and hard
-    /// state; durable before returning when `sync`.
+    /// Starts making Ready `number`'s entries (replacing any suffix from the first one's
+    /// index) and hard state durable, and returns at once: raft-rs reads them through
+    /// `Storage` from then on; they are durable (synced when `sync`) once
+    /// [`Host::persisted`] reaches `number`. Readies are made durable in order.
     fn persist(
         &mut self,
+        number: u64,
         entries: &[Entry],
         hard: Option<&HardState>,
         sync: bool,
     ) -> Result<(), RaftError>;
+    /// The highest Ready number made durable so far (every lower one too), or why the log
+    /// can take no more.
+    fn persisted(&mut self) -> Result<u64, RaftError>;
+    /// Waits until everything handed to `persist` is durable (before a snapshot replaces the
+    /// log).
+    fn flush(&mut self) -> Result<(), RaftError>;
+    /// How long the log's sync under way has taken, if one is under way.
+    fn sync_running_for(&self) -> Option<Duration>;
     /// Records the membership after a change was applied.
     fn set_conf_state(&mut self, conf: &ConfState) -> Result<(), RaftError>;
     fn log_first_index(&self) -> u64;
@@ -223,6 +270,9 @@ pub struct Core<H: Host> {
     /// When the heartbeat each peer has not answered yet left (we lead): its answer gives
     /// the round trip (`etcd_network_peer_round_trip_time_seconds`).
     heartbeats_sent: HashMap<u64, Instant>,
+    /// Readies handed to the log and not yet durable, in order: their numbers and the
+    /// messages that must wait for them.
+    unpersisted: std::collections::VecDeque<(u64, Vec<Message>)>,
 }
 
 /// A proposal's (or ReadIndex round's) context: the member and its proposal (round) id.
@@ -426,6 +476,7 @@ impl<H: Host> Core<H> {
             applied_members: HashMap::new(),
             status: ReplicaStatus::default(),
             heartbeats_sent: HashMap::new(),
+            unpersisted: std::collections::VecDeque::new(),
         }
     }
 
@@ -434,7 +485,50 @@ impl<H: Host> Core<H> {
     pub fn tick(&mut self) {
         self.raw.tick();
         self.campaign_if_leader_gone();
+        self.hand_over_if_disk_stalled();
         self.expire();
+    }
+
+    /// A leader whose log sync has been under way for [`LEADER_DISK_STALL_MAX`] hands
+    /// leadership to the follower with the most of the log (which raft-rs first catches up
+    /// from memory, then tells to campaign at once). Once per stall: raft-rs gives a transfer
+    /// one election timeout, after which a stall still under way starts another.
+    fn hand_over_if_disk_stalled(&mut self) {
+        if self.raw.raft.state != StateRole::Leader
+            || self.stopping.is_some()
+            || self.raw.raft.lead_transferee.is_some()
+        {
+            return;
+        }
+        let Some(stalled) = self.host.sync_running_for() else {
+            return;
+        };
+        if stalled < LEADER_DISK_STALL_MAX {
+            return;
+        }
+        let Some(transferee) = self.most_caught_up_follower() else {
+            return;
+        };
+        warn!(
+            stalled_ms = stalled.as_millis() as u64,
+            to = format_args!("{transferee:x}"),
+            "the log's disk has stalled; handing leadership to a follower"
+        );
+        skerry_store::metrics::DISK_STALL_HANDOVERS.fetch_add(1, Ordering::Relaxed);
+        self.raw.transfer_leader(transferee);
+    }
+
+    /// The voting follower whose log matches the most of ours.
+    fn most_caught_up_follower(&self) -> Option<u64> {
+        let me = self.id;
+        let voters = self.raw.raft.prs().conf().voters().ids();
+        self.raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, _)| **id != me && voters.contains(**id))
+            .max_by_key(|(_, progress)| progress.matched)
+            .map(|(id, _)| *id)
     }
 
     /// The end of a loop turn, after its inputs were handled: one ReadIndex round for the
@@ -874,16 +968,7 @@ impl<H: Host> Core<H> {
             return false;
         }
         // The follower with the most of the log takes over soonest.
-        let me = self.id;
-        let best = self
-            .raw
-            .raft
-            .prs()
-            .iter()
-            .filter(|(id, _)| **id != me)
-            .max_by_key(|(_, progress)| progress.matched)
-            .map(|(id, _)| *id);
-        let Some(transferee) = best else {
+        let Some(transferee) = self.most_caught_up_follower() else {
             return false;
         };
         info!(
@@ -1068,19 +1153,37 @@ impl<H: Host> Core<H> {
     }
 
     fn on_ready(&mut self) -> Result<(), RaftError> {
-        if !self.raw.has_ready() {
-            self.observe_leadership();
-            return Ok(());
+        self.collect_persisted()?;
+        // Readies produced by the one before (a durable write lets the leader commit, a
+        // commit lets entries apply) are handled in the same turn, up to a bound.
+        for _ in 0..READIES_PER_TURN_MAX {
+            if !self.raw.has_ready() {
+                break;
+            }
+            self.handle_ready()?;
         }
+        self.observe_leadership();
+        self.maybe_compact()?;
+        Ok(())
+    }
+
+    /// Hands a Ready's writes to the log, and sends and applies what needs nothing durable.
+    fn handle_ready(&mut self) -> Result<(), RaftError> {
         let mut rd = self.raw.ready();
         self.send(rd.take_messages());
         if !rd.snapshot().is_empty() {
+            // The snapshot replaces the log: what was queued before goes to disk first.
+            self.host.flush()?;
+            self.collect_persisted()?;
             self.install_snapshot(rd.snapshot().clone())?;
         }
         let committed = rd.take_committed_entries();
         self.apply(committed)?;
-        self.host.persist(rd.entries(), rd.hs(), rd.must_sync())?;
-        self.send(rd.take_persisted_messages());
+        let (now, held): (Vec<Message>, Vec<Message>) = rd
+            .take_persisted_messages()
+            .into_iter()
+            .partition(needs_nothing_durable);
+        self.send(now);
         for state in rd.take_read_states() {
             let Some((member, round)) = parse_context(&state.request_ctx) else {
                 continue;
@@ -1094,13 +1197,52 @@ impl<H: Host> Core<H> {
                 }
             }
         }
-        let mut light = self.raw.advance(rd);
-        self.send(light.take_messages());
-        let committed = light.take_committed_entries();
-        self.apply(committed)?;
+        let number = rd.number();
+        let snapshot = !rd.snapshot().is_empty();
+        let writes = !rd.entries().is_empty() || rd.hs().is_some() || snapshot;
+        if writes {
+            self.host
+                .persist(number, rd.entries(), rd.hs(), rd.must_sync())?;
+        }
+        self.raw.advance_append_async(rd);
+        if !writes && self.unpersisted.is_empty() {
+            // Nothing to wait for: durable as it stands.
+            self.raw.on_persist_ready(number);
+            self.send(held);
+        } else {
+            self.unpersisted.push_back((number, held));
+            if !writes {
+                // Held behind earlier writes only: the log reports it with the next one.
+                self.host.persist(number, &[], None, false)?;
+            }
+        }
+        if snapshot {
+            // raft-rs counts the snapshot as applied, which it allows only once it is
+            // persisted: this Ready is made durable before going on (snapshots are rare).
+            self.host.flush()?;
+            self.collect_persisted()?;
+        }
         self.raw.advance_apply();
-        self.observe_leadership();
-        self.maybe_compact()?;
+        Ok(())
+    }
+
+    /// Tells raft-rs which Readies the log made durable, and sends the messages that waited
+    /// for them.
+    fn collect_persisted(&mut self) -> Result<(), RaftError> {
+        let durable = self.host.persisted()?;
+        let mut last = None;
+        while let Some((number, _)) = self.unpersisted.front()
+            && *number <= durable
+        {
+            let Some((number, held)) = self.unpersisted.pop_front() else {
+                break;
+            };
+            last = Some(number);
+            self.send(held);
+        }
+        if let Some(number) = last {
+            self.raw.on_persist_ready(number);
+        }
         Ok(())
     }
 

@@ -22,16 +22,29 @@
 //! Opening replays every record in order into the in-memory log.
 //! Compaction writes a FLOOR record and the current hard and conf state, then releases the
 //! segments holding only entries below the floor.
+//!
+//! The trick (issue 21): the Raft thread never waits on the disk. A Ready's entries and hard
+//! state go into the in-memory log at once (raft-rs reads them from there) and their records
+//! to the log's writer thread ([`LogStore::persist_async`]), which writes whatever has
+//! queued up, syncs once for all of it (group commit) and reports the highest Ready number
+//! now durable; the node sends the messages that had to wait for it (votes, append
+//! acknowledgements) only then. So a leader's heartbeats and a follower's answers to them
+//! go out on time while an SD card stalls for hundreds of milliseconds, and a short
+//! election timeout does not turn every slow sync into an election.
 
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
-use skerry_store::wal::{WAL_SEGMENT_BYTES, Wal};
+use skerry_store::wal::{SyncFault, WAL_SEGMENT_BYTES, Wal};
 
 use crate::error::RaftError;
 
@@ -169,7 +182,11 @@ struct Writer {
     /// Record sequence of each ENTRIES record still on disk, with the highest entry index it
     /// holds: what decides which segments compaction may release.
     entry_records: VecDeque<(u64, u64)>,
-    buf: Vec<u8>,
+    /// The hard state and membership last written: what a floor record writes again. The
+    /// in-memory log may be ahead of them (records still queued), and a floor must never
+    /// carry a commit index ahead of the entries on disk.
+    hard: HardState,
+    conf: ConfState,
 }
 
 impl Writer {
@@ -205,6 +222,28 @@ impl Writer {
             .map_err(storage)?;
         Ok(seq)
     }
+
+    /// Writes the floor `(floor, term)` with the states last written, and releases the
+    /// segments that hold nothing above it.
+    fn compact_to(&mut self, floor: u64, term: u64) -> Result<(), RaftError> {
+        let (hard, conf) = (self.hard.clone(), self.conf.clone());
+        let seq = self.write_floor(RECORD_FLOOR, floor, term, &hard, &conf)?;
+        // Every record before the first ENTRIES record that still holds a live entry is
+        // superseded: older entries are below the floor, older states were rewritten above.
+        while self
+            .entry_records
+            .front()
+            .is_some_and(|(_, max)| *max <= floor)
+        {
+            self.entry_records.pop_front();
+        }
+        let release = self
+            .entry_records
+            .front()
+            .map_or(seq - 1, |(first_live, _)| first_live - 1);
+        self.wal.release(release).map_err(storage)?;
+        Ok(())
+    }
 }
 
 /// The durable Raft log on segment files.
@@ -212,6 +251,161 @@ impl Writer {
 pub struct LogStore {
     core: Arc<RwLock<MemLog>>,
     writer: Arc<Mutex<Writer>>,
+    queue: Arc<Queue>,
+}
+
+/// Called by the writer thread after it made more Readies durable: wakes the Raft loop.
+pub type Waker = Arc<dyn Fn() + Send + Sync>;
+
+/// Work for the log's writer thread, in order.
+enum Job {
+    /// A Ready's records (already in the in-memory log), synced when `sync`; `number` is
+    /// reported durable once they are (raft-rs's Ready number; 0 for none).
+    Records {
+        number: u64,
+        buf: Vec<u8>,
+        /// End of each record in `buf`.
+        bounds: Vec<usize>,
+        /// The last entry index of the ENTRIES record, if there is one.
+        last_entry: Option<u64>,
+        hard: Option<HardState>,
+        sync: bool,
+    },
+    /// A membership record.
+    Conf(ConfState),
+    /// A floor record (index, term), then the release of the segments below it.
+    Compact(u64, u64),
+    /// Answer once everything before is durable.
+    Flush(mpsc::Sender<()>),
+}
+
+/// What the writer thread reports, read by the Raft loop without waiting.
+#[derive(Default)]
+struct Progress {
+    /// The highest Ready number durable (all lower ones too).
+    durable: AtomicU64,
+    /// When the sync under way started, in nanoseconds after `base` (0: none under way).
+    sync_started: AtomicU64,
+    base: Option<Instant>,
+    /// The write that failed: the log can take nothing more.
+    failed: Mutex<Option<String>>,
+    waker: RwLock<Option<Waker>>,
+}
+
+/// The writer thread and its queue; stopping it (the last [`LogStore`] clone dropped) waits
+/// for the queued records to be written.
+struct Queue {
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    progress: Arc<Progress>,
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        self.tx.lock().take();
+        if let Some(thread) = self.thread.lock().take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Records queued and not yet written are taken in batches of at most this many jobs: one
+/// sync for all of them (group commit), yet a bounded time before the first is reported.
+const JOBS_PER_SYNC_MAX: usize = 1024;
+
+/// The writer thread: takes what queued up, writes it in order, syncs once, reports.
+fn write_loop(writer: Arc<Mutex<Writer>>, progress: Arc<Progress>, rx: mpsc::Receiver<Job>) {
+    let base = progress.base.unwrap_or_else(Instant::now);
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while jobs.len() < JOBS_PER_SYNC_MAX {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut flushes = Vec::new();
+        let result = (|| -> Result<u64, RaftError> {
+            let mut writer = writer.lock();
+            let writer = &mut *writer;
+            let mut durable = 0;
+            let mut unsynced = false;
+            for job in jobs {
+                match job {
+                    Job::Records {
+                        number,
+                        buf,
+                        bounds,
+                        last_entry,
+                        hard,
+                        sync,
+                    } => {
+                        let first_seq = writer.next_seq();
+                        let records = bounds.iter().enumerate().map(|(i, end)| {
+                            let start = if i == 0 { 0 } else { bounds[i - 1] };
+                            (first_seq + i as u64, &buf[start..*end])
+                        });
+                        writer.wal.append_unsynced(records).map_err(storage)?;
+                        if let Some(last) = last_entry {
+                            writer.entry_records.push_back((first_seq, last));
+                        }
+                        if let Some(hard) = hard {
+                            writer.hard = hard;
+                        }
+                        unsynced |= sync;
+                        durable = durable.max(number);
+                    }
+                    Job::Conf(conf) => {
+                        let mut record = vec![RECORD_CONF_STATE];
+                        encode_into(&conf, &mut record)?;
+                        let seq = writer.next_seq();
+                        writer
+                            .wal
+                            .append_unsynced([(seq, record.as_slice())])
+                            .map_err(storage)?;
+                        writer.conf = conf;
+                        unsynced = true;
+                    }
+                    Job::Compact(floor, term) => {
+                        // The floor's own append syncs everything before it.
+                        writer.compact_to(floor, term)?;
+                        unsynced = false;
+                    }
+                    Job::Flush(done) => flushes.push(done),
+                }
+            }
+            if unsynced {
+                let started = base.elapsed().as_nanos().max(1) as u64;
+                progress.sync_started.store(started, Ordering::Release);
+                let synced = writer.wal.sync().map_err(storage);
+                progress.sync_started.store(0, Ordering::Release);
+                synced?;
+            }
+            Ok(durable)
+        })();
+        match result {
+            Ok(durable) => {
+                if durable > 0 {
+                    progress.durable.fetch_max(durable, Ordering::AcqRel);
+                    if let Some(wake) = progress.waker.read().as_ref() {
+                        wake();
+                    }
+                }
+                for done in flushes {
+                    let _ = done.send(());
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the raft log cannot be written");
+                *progress.failed.lock() = Some(e.to_string());
+                if let Some(wake) = progress.waker.read().as_ref() {
+                    wake();
+                }
+                // Flush waiters see the channel close and read the failure.
+                return;
+            }
+        }
+    }
 }
 
 fn decode<M: protobuf::Message>(bytes: &[u8], what: &str) -> Result<M, RaftError> {
@@ -288,14 +482,99 @@ impl LogStore {
                 }
             }
         }
+        let writer = Arc::new(Mutex::new(Writer {
+            wal,
+            entry_records,
+            hard: core.hard.clone(),
+            conf: core.conf.clone(),
+        }));
+        let progress = Arc::new(Progress {
+            base: Some(Instant::now()),
+            ..Default::default()
+        });
+        let (tx, rx) = mpsc::channel();
+        let thread = {
+            let (writer, progress) = (writer.clone(), progress.clone());
+            std::thread::Builder::new()
+                .name("skerry-raft-log".into())
+                .spawn(move || write_loop(writer, progress, rx))
+                .map_err(|e| RaftError::Storage(format!("cannot start the log writer: {e}")))?
+        };
         Ok(LogStore {
             core: Arc::new(RwLock::new(core)),
-            writer: Arc::new(Mutex::new(Writer {
-                wal,
-                entry_records,
-                buf: Vec::new(),
-            })),
+            writer,
+            queue: Arc::new(Queue {
+                tx: Mutex::new(Some(tx)),
+                thread: Mutex::new(Some(thread)),
+                progress,
+            }),
         })
+    }
+
+    fn submit(&self, job: Job) -> Result<(), RaftError> {
+        self.check_failed()?;
+        let tx = self.queue.tx.lock();
+        let sent = tx.as_ref().is_some_and(|tx| tx.send(job).is_ok());
+        match sent {
+            true => Ok(()),
+            false => Err(self
+                .failure()
+                .unwrap_or_else(|| RaftError::Storage("the raft log's writer stopped".into()))),
+        }
+    }
+
+    fn failure(&self) -> Option<RaftError> {
+        self.queue
+            .progress
+            .failed
+            .lock()
+            .as_ref()
+            .map(|e| RaftError::Storage(format!("raft log: {e}")))
+    }
+
+    fn check_failed(&self) -> Result<(), RaftError> {
+        match self.failure() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until everything handed to the writer is durable.
+    pub fn flush(&self) -> Result<(), RaftError> {
+        let (done, wait) = mpsc::channel();
+        self.submit(Job::Flush(done))?;
+        match wait.recv() {
+            Ok(()) => Ok(()),
+            Err(_) => Err(self
+                .failure()
+                .unwrap_or_else(|| RaftError::Storage("the raft log's writer stopped".into()))),
+        }
+    }
+
+    /// The highest Ready number the writer made durable (every lower one too), or the write
+    /// that failed.
+    pub fn durable_number(&self) -> Result<u64, RaftError> {
+        self.check_failed()?;
+        Ok(self.queue.progress.durable.load(Ordering::Acquire))
+    }
+
+    /// How long the sync under way has taken so far, if one is.
+    pub fn sync_running_for(&self) -> Option<Duration> {
+        let progress = &self.queue.progress;
+        let started = progress.sync_started.load(Ordering::Acquire);
+        let base = progress.base?;
+        (started != 0).then(|| base.elapsed().saturating_sub(Duration::from_nanos(started)))
+    }
+
+    /// Sets what the writer calls after it made more Readies durable.
+    pub fn set_waker(&self, waker: Waker) {
+        *self.queue.progress.waker.write() = Some(waker);
+    }
+
+    /// Test-only fault injection: every sync of this log takes as much longer as `fault`
+    /// says (a slow SD card), or no longer with `None`.
+    pub fn set_sync_fault(&self, fault: Option<SyncFault>) {
+        self.writer.lock().wal.set_sync_fault(fault);
     }
 
     /// Reads the in-memory log under its lock.
@@ -323,126 +602,120 @@ impl LogStore {
         self.core.read().first_index()
     }
 
-    /// Persists a Ready: one record for its entries, one for its hard state; synced when
-    /// `sync` (raft-rs's `must_sync`).
+    /// Persists a Ready's entries and hard state and waits until they are durable (when
+    /// `sync`): the start-up path (bootstrap, repairs) and tests.
     pub fn persist(
         &self,
         entries: &[Entry],
         hard: Option<&HardState>,
         sync: bool,
     ) -> Result<(), RaftError> {
+        self.persist_async(0, entries, hard, sync)?;
+        self.flush()
+    }
+
+    /// Takes a Ready's entries (replacing the held suffix from the first one's index) and
+    /// hard state into the in-memory log at once, where raft-rs reads them, and queues their
+    /// records (one for the entries, one for the hard state) for the writer thread, which
+    /// reports `number` durable once they are synced (or written, when not `sync`: raft-rs's
+    /// `must_sync` is false for a commit index alone).
+    pub fn persist_async(
+        &self,
+        number: u64,
+        entries: &[Entry],
+        hard: Option<&HardState>,
+        sync: bool,
+    ) -> Result<(), RaftError> {
         if entries.is_empty() && hard.is_none() {
+            if number > 0 {
+                self.submit(Job::Records {
+                    number,
+                    buf: Vec::new(),
+                    bounds: Vec::new(),
+                    last_entry: None,
+                    hard: None,
+                    sync: false,
+                })?;
+            }
             return Ok(());
         }
+        let mut core = self.core.write();
+        if let Some(first) = entries.first()
+            && (first.index < core.first_index() || first.index > core.last_index() + 1)
         {
-            let core = self.core.read();
-            if let Some(first) = entries.first()
-                && (first.index < core.first_index() || first.index > core.last_index() + 1)
-            {
-                return Err(RaftError::Storage(format!(
-                    "append at {} outside the log {}..={}",
-                    first.index,
-                    core.first_index(),
-                    core.last_index()
-                )));
-            }
+            return Err(RaftError::Storage(format!(
+                "append at {} outside the log {}..={}",
+                first.index,
+                core.first_index(),
+                core.last_index()
+            )));
         }
-        let mut writer = self.writer.lock();
-        let writer = &mut *writer;
-        writer.buf.clear();
+        let mut buf = Vec::new();
         let mut bounds = Vec::with_capacity(2);
         if !entries.is_empty() {
-            writer.buf.push(RECORD_ENTRIES);
+            buf.push(RECORD_ENTRIES);
             for entry in entries {
                 let bytes = entry
                     .write_to_bytes()
                     .map_err(|e| RaftError::Storage(format!("encode: {e}")))?;
-                writer
-                    .buf
-                    .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-                writer.buf.extend_from_slice(&bytes);
+                buf.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+                buf.extend_from_slice(&bytes);
             }
-            bounds.push(writer.buf.len());
+            bounds.push(buf.len());
         }
         if let Some(hard) = hard {
-            writer.buf.push(RECORD_HARD_STATE);
-            encode_into(hard, &mut writer.buf)?;
-            bounds.push(writer.buf.len());
+            buf.push(RECORD_HARD_STATE);
+            encode_into(hard, &mut buf)?;
+            bounds.push(buf.len());
         }
-        let first_seq = writer.next_seq();
-        let buf = &writer.buf;
-        let records = bounds.iter().enumerate().map(|(i, end)| {
-            let start = if i == 0 { 0 } else { bounds[i - 1] };
-            (first_seq + i as u64, &buf[start..*end])
-        });
-        if sync {
-            writer.wal.append(records).map_err(storage)?;
-        } else {
-            writer.wal.append_unsynced(records).map_err(storage)?;
-        }
-        if let Some(last) = entries.last() {
-            writer.entry_records.push_back((first_seq, last.index));
-        }
-        let mut core = self.core.write();
         if !entries.is_empty() {
             core.append(entries.to_vec())?;
         }
         if let Some(hard) = hard {
             core.hard = hard.clone();
         }
-        Ok(())
+        // Queued under the in-memory log's lock, so the records reach the writer in the
+        // order the log took them.
+        self.submit(Job::Records {
+            number,
+            buf,
+            bounds,
+            last_entry: entries.last().map(|e| e.index),
+            hard: hard.cloned(),
+            sync,
+        })
     }
 
     /// Persists the membership.
+    /// Queued behind the records before it, synced with the next batch; the in-memory log
+    /// has it at once.
     pub fn set_conf_state(&self, conf: &ConfState) -> Result<(), RaftError> {
-        let mut writer = self.writer.lock();
-        let mut record = vec![RECORD_CONF_STATE];
-        encode_into(conf, &mut record)?;
-        let seq = writer.next_seq();
-        writer
-            .wal
-            .append([(seq, record.as_slice())])
-            .map_err(storage)?;
-        self.core.write().conf = conf.clone();
-        Ok(())
+        let mut core = self.core.write();
+        core.conf = conf.clone();
+        self.submit(Job::Conf(conf.clone()))
     }
 
     /// Drops the entries before `index`, then releases the segments that hold nothing else
-    /// still needed (the floor and the current states are written again first).
+    /// still needed (the floor and the last written states are written again first): from
+    /// memory at once, on disk in the writer's turn.
     pub fn compact(&self, index: u64) -> Result<(), RaftError> {
-        let (floor, floor_term, hard, conf) = {
-            let core = self.core.read();
-            let Some((floor, term)) = core.floor_before(index) else {
-                return Ok(());
-            };
-            (floor, term, core.hard.clone(), core.conf.clone())
+        let mut core = self.core.write();
+        let Some((floor, term)) = core.floor_before(index) else {
+            return Ok(());
         };
-        let mut writer = self.writer.lock();
-        let writer = &mut *writer;
-        let seq = writer.write_floor(RECORD_FLOOR, floor, floor_term, &hard, &conf)?;
-        self.core.write().compact(floor, floor_term);
-        // Every record before the first ENTRIES record that still holds a live entry is
-        // superseded: older entries are below the floor, older states were rewritten above.
-        while writer
-            .entry_records
-            .front()
-            .is_some_and(|(_, max)| *max <= floor)
-        {
-            writer.entry_records.pop_front();
-        }
-        let release = writer
-            .entry_records
-            .front()
-            .map_or(seq - 1, |(first_live, _)| first_live - 1);
-        writer.wal.release(release).map_err(storage)?;
-        Ok(())
+        core.compact(floor, term);
+        self.submit(Job::Compact(floor, term))
     }
 
     /// Replaces the whole log by a snapshot's floor (`index`, `term`) and membership, as a
     /// member does once its store installed a snapshot from the leader: every entry held is
     /// dropped (raft-rs sends the entries after the snapshot again), the hard state commits
     /// at least `index`, and every segment before the new records is released.
+    ///
+    /// Everything queued before is written first: the snapshot's records then release every
+    /// segment before them.
     pub fn apply_snapshot(&self, index: u64, term: u64, conf: &ConfState) -> Result<(), RaftError> {
+        self.flush()?;
         let hard = {
             let core = self.core.read();
             let mut hard = core.hard.clone();
@@ -456,9 +729,11 @@ impl LogStore {
         {
             let mut core = self.core.write();
             core.install(index, term);
-            core.hard = hard;
+            core.hard = hard.clone();
             core.conf = conf.clone();
         }
+        writer.hard = hard;
+        writer.conf = conf.clone();
         writer.entry_records.clear();
         writer.wal.release(seq - 1).map_err(storage)?;
         Ok(())

@@ -56,6 +56,8 @@ pub const SNAPSHOT_DIR: &str = "snap";
 
 enum NodeMsg {
     Input(Input),
+    /// The log's writer made more Readies durable: the turn collects them.
+    Wake,
     /// Stop; a leader first hands leadership to the most up-to-date follower (waiting at
     /// most one election timeout), so that a rolling restart costs no election.
     Stop {
@@ -230,6 +232,11 @@ impl RaftNode {
         let raw = RawNode::new(&config, storage, &crate::logger::logger())
             .map_err(|e| RaftError::Raft(e.to_string()))?;
         let (tx, rx) = std::sync::mpsc::sync_channel(NODE_QUEUE_MAX);
+        let wake_tx = tx.clone();
+        log.set_waker(Arc::new(move || {
+            // A full queue wakes the loop anyway.
+            let _ = wake_tx.try_send(NodeMsg::Wake);
+        }));
         let inbound_tx = tx.clone();
         let inbound: crate::transport::Inbound = Arc::new(move |received: Received| {
             let msg = NodeMsg::Input(Input::Received(Box::new(received)));
@@ -354,6 +361,12 @@ impl RaftNode {
         self.transport.cut(peers);
     }
 
+    /// Fault injection for tests: every sync of this member's log takes as much longer as
+    /// `fault` says (a stalling SD card); `None` ends it.
+    pub fn set_sync_fault(&self, fault: Option<skerry_store::wal::SyncFault>) {
+        self.log.set_sync_fault(fault);
+    }
+
     /// Stops the Raft thread and waits for it. A leader hands leadership over first (see
     /// [`RaftNode::stop_gracefully`] for the rolling-restart path); this one does not wait.
     pub fn stop(mut self) {
@@ -468,7 +481,7 @@ impl<S: StateMachine<SnapshotSource = Path>> Driver<S> {
             match self.rx.recv_timeout(wait) {
                 Ok(NodeMsg::Stop { transfer }) => stop = !self.core.begin_stop(transfer),
                 Ok(NodeMsg::Input(input)) => self.core.handle(input),
-                Err(RecvTimeoutError::Timeout) => {}
+                Ok(NodeMsg::Wake) | Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             for _ in 0..MESSAGES_PER_TURN_MAX {
@@ -478,6 +491,7 @@ impl<S: StateMachine<SnapshotSource = Path>> Driver<S> {
                 match self.rx.try_recv() {
                     Ok(NodeMsg::Stop { transfer }) => stop = !self.core.begin_stop(transfer),
                     Ok(NodeMsg::Input(input)) => self.core.handle(input),
+                    Ok(NodeMsg::Wake) => {}
                     Err(_) => break,
                 }
             }
@@ -530,11 +544,24 @@ impl<S: StateMachine<SnapshotSource = Path>> Host for ProdHost<S> {
 
     fn persist(
         &mut self,
+        number: u64,
         entries: &[Entry],
         hard: Option<&HardState>,
         sync: bool,
     ) -> Result<(), RaftError> {
-        self.log.persist(entries, hard, sync)
+        self.log.persist_async(number, entries, hard, sync)
+    }
+
+    fn persisted(&mut self) -> Result<u64, RaftError> {
+        self.log.durable_number()
+    }
+
+    fn flush(&mut self) -> Result<(), RaftError> {
+        self.log.flush()
+    }
+
+    fn sync_running_for(&self) -> Option<Duration> {
+        self.log.sync_running_for()
     }
 
     fn set_conf_state(&mut self, conf: &ConfState) -> Result<(), RaftError> {

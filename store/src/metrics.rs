@@ -91,6 +91,9 @@ pub static WAL_FSYNC: Histogram<DISK_BUCKETS> = Histogram::new(DISK_BUCKETS_NANO
 /// `slow fdatasync` past 1 s (`warnSyncDuration`), by when skerry's leader has already
 /// handed over (`skerry_raft::core::LEADER_DISK_STALL_MAX`).
 pub const SLOW_SYNC_WARN: Duration = Duration::from_millis(100);
+/// `skerry_disk_stall_handovers_total`: times this member, leading, handed leadership over
+/// because its log's sync had stalled (`skerry_raft::core::LEADER_DISK_STALL_MAX`).
+pub static DISK_STALL_HANDOVERS: AtomicU64 = AtomicU64::new(0);
 /// `skerry_disk_wal_slow_fsyncs_total`: log syncs that took [`SLOW_SYNC_WARN`] or more.
 pub static WAL_SLOW_FSYNCS: AtomicU64 = AtomicU64::new(0);
 /// The longest slow sync since the alarm last reported (nanoseconds), taken (and reset) by

@@ -223,6 +223,12 @@ impl Wal {
         records: impl IntoIterator<Item = (u64, &'a [u8])>,
     ) -> Result<(), StoreError> {
         self.write(records)?;
+        self.sync()
+    }
+
+    /// Makes every record written so far durable (one `fdatasync`, timed for
+    /// `etcd_disk_wal_fsync_duration_seconds` and the slow-disk alarm).
+    pub fn sync(&mut self) -> Result<(), StoreError> {
         let started = std::time::Instant::now();
         self.file.sync_data()?;
         if let Some(fault) = &self.sync_fault {

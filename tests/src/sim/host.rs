@@ -6,11 +6,16 @@
 //! keeps only the synced part, as a power loss keeps only what reached the disk. The store's
 //! durability is the `SyncStore`'s checkpoint (the real store's durable redb commit).
 //!
+//! The disk takes time, as the real log's writer thread does: each write the node hands over
+//! becomes durable after a modelled sync latency (plus, on a member given a [`DiskStall`], a
+//! stall now and then, a slow SD card), in order, with writes queued behind a sync sharing
+//! the next one (group commit). The world wakes the member when its next write is done.
+//!
 //! The host drives its store through `skerry_store::replication::StateMachine`, as the
 //! production node drives the real store: the same calls, on a `SyncStore`.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -25,12 +30,39 @@ use skerry_store::pb::command::Member as MemberRecord;
 use skerry_store::replication::{Committed, MembershipChange, StateMachine};
 use skerry_store::sync_store::SyncStore;
 
+/// Stalls of a member's disk: this share of its syncs take up to `max` longer.
+#[derive(Debug, Clone, Copy)]
+pub struct DiskStall {
+    pub percent: u64,
+    /// Virtual nanoseconds.
+    pub max: u64,
+}
+
+/// One write handed to the disk: its Ready number, what it writes, whether it syncs, and
+/// when it started and will be done (virtual nanoseconds).
+#[derive(Debug)]
+pub struct PendingWrite {
+    number: u64,
+    entries: Vec<Entry>,
+    hard: Option<HardState>,
+    sync: bool,
+    start: u64,
+    pub done_at: u64,
+}
+
 /// The log with its durability: `written` is what the member sees, `synced` what a crash
-/// leaves.
+/// leaves; `pending` the writes on their way to disk.
 #[derive(Debug, Default)]
 pub struct SimLog {
     pub written: MemLog,
     pub synced: MemLog,
+    pub pending: VecDeque<PendingWrite>,
+    /// Writes done without a sync (a commit index alone): synced with the next sync.
+    unsynced: Vec<(Vec<Entry>, Option<HardState>)>,
+    /// The highest Ready number durable.
+    durable: u64,
+    /// Stalls this member's disk suffers, if any.
+    pub stall: Option<DiskStall>,
 }
 
 impl SimLog {
@@ -38,11 +70,41 @@ impl SimLog {
         self.synced = self.written.clone();
     }
 
-    /// A power loss: what was not synced is gone.
+    /// A power loss: what was not synced is gone, and so is every write under way.
     pub fn crash(&mut self) {
         self.written = self.synced.clone();
+        self.pending.clear();
+        self.unsynced.clear();
+        self.durable = 0;
+    }
+
+    /// Completes the writes done by `now` (all of them with `None`), in order.
+    fn complete(&mut self, now: Option<u64>) {
+        while let Some(front) = self.pending.front() {
+            if now.is_some_and(|now| front.done_at > now) {
+                break;
+            }
+            let Some(write) = self.pending.pop_front() else {
+                break;
+            };
+            self.unsynced.push((write.entries, write.hard));
+            if write.sync {
+                for (entries, hard) in std::mem::take(&mut self.unsynced) {
+                    // `append` only fails on a gap, which `written` already refused.
+                    let _ = self.synced.append(entries);
+                    if let Some(hard) = hard {
+                        self.synced.hard = hard;
+                    }
+                }
+            }
+            self.durable = self.durable.max(write.number);
+        }
     }
 }
+
+/// A sync's latency without stalls (virtual nanoseconds): a fast card's `fdatasync`.
+pub const SYNC_LATENCY_MIN: u64 = 200_000;
+pub const SYNC_LATENCY_MAX: u64 = 3_000_000;
 
 /// Snapshots pinned for sending, by receiving member (as the real transport's
 /// `OutgoingSnapshots`): the store's stream bytes at the snapshot's index.
@@ -146,31 +208,83 @@ pub struct SimHost {
     pub rng: Rc<RefCell<StdRng>>,
 }
 
+impl SimHost {
+    /// One sync's latency on this member's disk, with a stall drawn when it has them.
+    fn sync_latency(&self, stall: Option<DiskStall>) -> u64 {
+        let mut rng = self.rng.borrow_mut();
+        let mut latency = rng.random_range(SYNC_LATENCY_MIN..=SYNC_LATENCY_MAX);
+        if let Some(stall) = stall
+            && rng.random_range(0..100) < stall.percent
+        {
+            latency += rng.random_range(0..=stall.max);
+        }
+        latency
+    }
+}
+
 impl Host for SimHost {
     type Storage = SimStorage;
 
     fn persist(
         &mut self,
+        number: u64,
         entries: &[Entry],
         hard: Option<&HardState>,
         sync: bool,
     ) -> Result<(), RaftError> {
+        let now = self.clock.get();
         let mut log = self.storage.log.borrow_mut();
         log.written.append(entries.to_vec())?;
         if let Some(hard) = hard {
             log.written.hard = hard.clone();
         }
-        if sync {
-            log.sync();
-        }
+        let (start, done_at) = match log.pending.back() {
+            // Queued behind a write not started yet: written and synced with it.
+            Some(last) if last.start > now => (last.start, last.done_at),
+            // Behind the sync under way: the next sync, once it is done.
+            Some(last) => {
+                let start = last.done_at.max(now);
+                (start, start + self.sync_latency(log.stall))
+            }
+            None => (now, now + self.sync_latency(log.stall)),
+        };
+        log.pending.push_back(PendingWrite {
+            number,
+            entries: entries.to_vec(),
+            hard: hard.cloned(),
+            sync,
+            start,
+            done_at,
+        });
         Ok(())
+    }
+
+    fn persisted(&mut self) -> Result<u64, RaftError> {
+        let now = self.clock.get();
+        let mut log = self.storage.log.borrow_mut();
+        log.complete(Some(now));
+        Ok(log.durable)
+    }
+
+    /// Done at once: the simulation does not model the time a flush (before a snapshot
+    /// install, a rare event) waits.
+    fn flush(&mut self) -> Result<(), RaftError> {
+        self.storage.log.borrow_mut().complete(None);
+        Ok(())
+    }
+
+    fn sync_running_for(&self) -> Option<Duration> {
+        let now = self.clock.get();
+        let log = self.storage.log.borrow();
+        let front = log.pending.front()?;
+        (front.start <= now).then(|| Duration::from_nanos(now - front.start))
     }
 
     fn set_conf_state(&mut self, conf: &ConfState) -> Result<(), RaftError> {
         let mut log = self.storage.log.borrow_mut();
         log.written.conf = conf.clone();
-        // The real log appends and fsyncs a record.
-        log.sync();
+        // The real log queues a record synced with the next batch; taken as durable at once.
+        log.synced.conf = conf.clone();
         Ok(())
     }
 
@@ -182,7 +296,8 @@ impl Host for SimHost {
         let mut log = self.storage.log.borrow_mut();
         if let Some((floor, term)) = log.written.floor_before(index) {
             log.written.compact(floor, term);
-            log.sync();
+            // The floor is at or below the applied index, which is durable.
+            log.synced.compact(floor, term);
         }
         Ok(())
     }

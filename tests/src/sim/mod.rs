@@ -21,6 +21,7 @@ pub mod world;
 
 use std::time::Duration;
 
+pub use host::DiskStall;
 pub use world::{RunResult, RunStats, SimConfig, World};
 
 use crate::check::{CommittedHistory, Report, check_all};

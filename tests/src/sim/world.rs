@@ -25,7 +25,7 @@ use skerry_store::replication::MembershipChange;
 use skerry_store::sync_store::SyncStore;
 use tokio::sync::oneshot;
 
-use super::host::{Outgoing, Sent, SimHost, SimLog, SimStorage};
+use super::host::{DiskStall, Outgoing, Sent, SimHost, SimLog, SimStorage};
 use crate::check::history::{Answer, Call, Expect, FinalState, KeyValue, Op, Outcome, Versioned};
 
 /// Virtual nanoseconds.
@@ -34,10 +34,12 @@ type Nanos = u64;
 const MS: Nanos = 1_000_000;
 const SECOND: Nanos = 1_000 * MS;
 
-/// The heartbeat interval (one raft tick): etcd's default.
-pub const TICK: Nanos = 100 * MS;
-/// Ticks per election timeout: etcd's default 1 s.
-pub const ELECTION_TICKS: usize = 10;
+/// The heartbeat interval (one raft tick): skerry's default
+/// (`skerry_raft::config::HEARTBEAT_INTERVAL_DEFAULT`).
+pub const TICK: Nanos = 50 * MS;
+/// Ticks per election timeout: skerry's default 400 ms
+/// (`skerry_raft::config::ELECTION_TIMEOUT_DEFAULT`).
+pub const ELECTION_TICKS: usize = 8;
 /// A tick lands this much early or late (in percent of [`TICK`]), drawn per tick: members'
 /// clocks drift apart as real ones do, which is what breaks election ties (raft-rs's own
 /// randomized timeout is pinned, since it draws from a thread RNG the seed cannot reach).
@@ -70,6 +72,10 @@ pub struct SimConfig {
     /// snapshots happen in short runs.
     pub snapshot_count: u64,
     pub catchup_entries: u64,
+    /// Keep clients issuing until this virtual time, past `ops` if need be.
+    pub run_for: Nanos,
+    /// From this virtual time on, the member leading then gets a stalling disk.
+    pub leader_disk_stall: Option<(Nanos, DiskStall)>,
 }
 
 impl Default for SimConfig {
@@ -83,6 +89,8 @@ impl Default for SimConfig {
             membership: true,
             snapshot_count: 40,
             catchup_entries: 5,
+            run_for: 0,
+            leader_disk_stall: None,
         }
     }
 }
@@ -118,6 +126,10 @@ pub struct RunStats {
     pub alarms_raised: u64,
     pub alarms_cleared: u64,
     pub virtual_ms: u64,
+    /// The member whose disk stalls (`SimConfig::leader_disk_stall`), and how often the
+    /// leader changed from the moment its stalls began.
+    pub stalled_member: Option<u64>,
+    pub leader_changes_while_stalled: u64,
 }
 
 struct Member {
@@ -218,6 +230,8 @@ pub struct World {
     /// A fixed one-way delay instead of one drawn per message, for a test that makes the
     /// network symmetric.
     net_delay_fixed: Option<Nanos>,
+    /// The leader last seen since a disk began stalling, for counting leader changes.
+    stall_leader: Option<u64>,
 }
 
 /// A member's peer URL. Nothing dials it (the simulated network routes by member id), but
@@ -267,6 +281,7 @@ impl World {
             next_fault: 2 * SECOND,
             tick_jitter_percent: TICK_JITTER_PERCENT,
             net_delay_fixed: None,
+            stall_leader: None,
             replacement: Replacement::Idle,
             replaced: false,
             transfers: Vec::new(),
@@ -579,6 +594,33 @@ impl World {
             && let Err(e) = self.members[i].store.borrow_mut().checkpoint()
         {
             self.divergences.push(format!("checkpoint failed: {e}"));
+        }
+    }
+
+    /// Gives the leader a stalling disk once `leader_disk_stall`'s time comes, and counts
+    /// leader changes from then on.
+    fn watch_disk_stall(&mut self) {
+        let Some((from, stall)) = self.config.leader_disk_stall else {
+            return;
+        };
+        if self.now() < from {
+            return;
+        }
+        let leader = self.leader().map(|i| self.members[i].id);
+        if self.stats.stalled_member.is_none() {
+            let Some(i) = self.leader() else {
+                return;
+            };
+            self.members[i].log.borrow_mut().stall = Some(stall);
+            self.stats.stalled_member = Some(self.members[i].id);
+            self.stall_leader = leader;
+            return;
+        }
+        if let Some(leader) = leader
+            && self.stall_leader != Some(leader)
+        {
+            self.stats.leader_changes_while_stalled += 1;
+            self.stall_leader = Some(leader);
         }
     }
 
@@ -1332,10 +1374,16 @@ impl World {
             if m.core.is_some() && m.next_tick < best.0 {
                 best = (m.next_tick, Event::Tick(i));
             }
-        }
-        for (c, client) in self.clients.iter().enumerate() {
-            if client.pending.is_none() && self.issued < self.config.ops && client.next_at < best.0
+            if m.core.is_some()
+                && let Some(write) = m.log.borrow().pending.front()
+                && write.done_at < best.0
             {
+                best = (write.done_at, Event::Disk(i));
+            }
+        }
+        let issuing = self.issued < self.config.ops || self.now() < self.config.run_for;
+        for (c, client) in self.clients.iter().enumerate() {
+            if client.pending.is_none() && issuing && client.next_at < best.0 {
                 best = (client.next_at, Event::Issue(c));
             }
         }
@@ -1355,8 +1403,10 @@ impl World {
                 }
             }
             Event::Tick(i) => self.tick(i),
+            Event::Disk(i) => self.turn(i),
             Event::Issue(c) => self.issue(c),
         }
+        self.watch_disk_stall();
         self.poll_clients();
         self.poll_replacement();
         self.poll_transfers();
@@ -1366,8 +1416,10 @@ impl World {
     /// final state.
     pub fn run(mut self) -> RunResult {
         // The faulty phase: until every op was issued.
-        let limit = 600 * SECOND;
-        while (self.issued < self.config.ops || self.clients.iter().any(|c| c.pending.is_some()))
+        let limit = (600 * SECOND).max(self.config.run_for + 60 * SECOND);
+        while (self.issued < self.config.ops
+            || self.now() < self.config.run_for
+            || self.clients.iter().any(|c| c.pending.is_some()))
             && self.now() < limit
         {
             self.step();
@@ -1499,6 +1551,8 @@ enum Event {
     Fault,
     Deliver,
     Tick(usize),
+    /// A member's next write is durable.
+    Disk(usize),
     Issue(usize),
 }
 
