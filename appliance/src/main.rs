@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 mod agent;
 mod client_port;
+mod diskalarm;
 mod fdlimit;
 mod http;
 mod kube;
@@ -643,6 +644,18 @@ fn server(mut args: ServerArgs) -> Result<()> {
             let started = kube::start(&args, &data_dir, store.clone(), listener, stop_rx.clone())
                 .context("start the Kubernetes API")?;
             apiserver_task = Some(started.task);
+            let log = if cluster.is_some() {
+                diskalarm::Log::Raft
+            } else {
+                diskalarm::Log::Single
+            };
+            node::start_disk_alarm(
+                &args.node,
+                &node::Identity::Pki(started.pki.clone()),
+                &started.local_url,
+                log,
+                stop_rx.clone(),
+            );
             node_agent = node::start(
                 &args.node,
                 &data_dir,

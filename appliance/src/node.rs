@@ -496,6 +496,28 @@ impl NodeAgent {
     }
 }
 
+/// Starts the slow-disk alarm (`crate::diskalarm`): its Events are about the Node this box
+/// registers (or would, with `--disable-agent`), written as that node. A box without a name
+/// says so in one line and records none (the store still counts and logs slow syncs).
+pub fn start_disk_alarm(
+    args: &NodeArgs,
+    identity: &Identity,
+    api_url: &str,
+    log: crate::diskalarm::Log,
+    stop: watch::Receiver<bool>,
+) {
+    let started = address::hostname(args.hostname_override.as_deref())
+        .map_err(anyhow::Error::msg)
+        .and_then(|name| {
+            let client = identity.node_client(api_url, &name, args)?;
+            crate::diskalarm::start(client, &name, log, stop);
+            Ok(())
+        });
+    if let Err(e) = started {
+        eprintln!("skerry: the slow-disk alarm records no events: {e:#}");
+    }
+}
+
 /// Starts the node agent, or says in one line why it cannot run and returns `None`.
 pub async fn start(
     args: &NodeArgs,
