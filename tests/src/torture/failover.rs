@@ -76,8 +76,9 @@ const LEADER_MAX: Duration = Duration::from_secs(30);
 /// against the election timeout (1 s).
 const STATUS_POLL: Duration = Duration::from_millis(20);
 
-/// Bound on one Status call or read made by this module: the cut member answers its clients
-/// at once, so anything longer is the member being stuck, which is polled again.
+/// Bound on one Status call, read, or write outside the outage made by this module (the
+/// cluster's own `ADMIN_CALL_TIMEOUT`): a debug build on a busy machine can take longer than
+/// [`ATTEMPT_TIMEOUT`] for a healthy write; a Status poll that takes longer is polled again.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Writes through the new leader after the first acknowledged one, while the old leader is
@@ -114,6 +115,11 @@ pub struct Round {
     pub new_leader: String,
     /// From the cut to the first acknowledged write through a survivor.
     pub outage: Duration,
+    /// When both survivors first named the same leader other than the cut one, polled every
+    /// [`STATUS_POLL`]: the election alone, free of the client's retry timing (the outage
+    /// comes in steps of [`ATTEMPT_TIMEOUT`] when attempts stuck on the old leader are
+    /// abandoned). `None`: not seen within [`OUTAGE_MAX`].
+    pub elected: Option<Duration>,
     /// Write attempts abandoned or refused before that one.
     pub failed_attempts: u64,
     /// When the old leader, still cut off, stopped naming itself leader (`None`: not within
@@ -160,6 +166,11 @@ impl FailoverRun {
         median(self.rounds.iter().map(|r| r.outage).collect())
     }
 
+    /// The median time to a new leader named by both survivors.
+    pub fn median_elected(&self) -> Option<Duration> {
+        median(self.rounds.iter().filter_map(|r| r.elected).collect())
+    }
+
     /// The median step-down time over the rounds that stepped down.
     pub fn median_step_down(&self) -> Option<Duration> {
         median(self.rounds.iter().filter_map(|r| r.step_down).collect())
@@ -172,18 +183,19 @@ impl FailoverRun {
     /// The per-round table and the medians, as printed and written to the report.
     pub fn text(&self) -> String {
         let mut text = format!(
-            "{}: cut-link failover, {} round(s)\n  round  cut-off  new leader  outage     \
-             failed  step-down  rejoin     after heal  acked  lost\n",
+            "{}: cut-link failover, {} round(s)\n  round  cut-off  new leader  elected    \
+             outage     failed  step-down  rejoin     after heal  acked  lost\n",
             self.target,
             self.rounds.len()
         );
         for (i, round) in self.rounds.iter().enumerate() {
             let _ = writeln!(
                 text,
-                "  {:>5}  {:<7}  {:<10}  {:<9}  {:>6}  {:<9}  {:<9}  {:<10}  {:>5}  {}",
+                "  {:>5}  {:<7}  {:<10}  {:<9}  {:<9}  {:>6}  {:<9}  {:<9}  {:<10}  {:>5}  {}",
                 i + 1,
                 round.old_leader,
                 round.new_leader,
+                millis(round.elected),
                 millis(Some(round.outage)),
                 round.failed_attempts,
                 millis(round.step_down),
@@ -199,8 +211,9 @@ impl FailoverRun {
         }
         let _ = writeln!(
             text,
-            "  median outage {}, median step-down {}",
+            "  median outage {}, median election {}, median step-down {}",
             millis(self.median_outage()),
+            millis(self.median_elected()),
             millis(self.median_step_down())
         );
         if let Some(error) = &self.error {
@@ -312,17 +325,18 @@ async fn agreed_leader(cluster: &Cluster, ids: &[u64], members: &[usize]) -> Opt
     ids.iter().position(|id| *id == first)
 }
 
-/// One acknowledged write: `Ok(())` once `key` = `value` is acknowledged by `channel`'s member.
-async fn put(channel: Channel, key: &str, value: &str) -> Result<()> {
+/// One acknowledged write: `Ok(())` once `key` = `value` is acknowledged by `channel`'s member
+/// within `limit`.
+async fn put(channel: Channel, key: &str, value: &str, limit: Duration) -> Result<()> {
     let mut client = KvClient::new(channel);
     let call = client.put(PutRequest {
         key: key.as_bytes().to_vec().into(),
         value: value.as_bytes().to_vec().into(),
         ..Default::default()
     });
-    timeout(ATTEMPT_TIMEOUT, call)
+    timeout(limit, call)
         .await
-        .context("no answer within the attempt timeout")?
+        .context("no answer in time")?
         .context("put")?;
     Ok(())
 }
@@ -354,7 +368,7 @@ async fn one_round(
     // key -> value of every acknowledged write of the round.
     let mut acknowledged = BTreeMap::new();
     let key = format!("{prefix}before");
-    put(channels[leader].clone(), &key, "before")
+    put(channels[leader].clone(), &key, "before", CALL_TIMEOUT)
         .await
         .context("the write before the cut")?;
     acknowledged.insert(key, "before".to_owned());
@@ -385,7 +399,7 @@ async fn one_round(
             let via = survivors[attempt % survivors.len()];
             let key = format!("{prefix}outage-{attempt}");
             attempt += 1;
-            match put(channels[via].clone(), &key, &key).await {
+            match put(channels[via].clone(), &key, &key, ATTEMPT_TIMEOUT).await {
                 Ok(()) => return Ok((started.elapsed(), failed, via, key)),
                 Err(_) => failed += 1,
             }
@@ -404,7 +418,20 @@ async fn one_round(
             sleep(STATUS_POLL).await;
         }
     };
-    let (writes, step_down) = tokio::join!(writes, step_down);
+    let elected = async {
+        loop {
+            if started.elapsed() > OUTAGE_MAX {
+                return None;
+            }
+            if let Some(now) = agreed_leader(cluster, ids, &survivors).await
+                && now != leader
+            {
+                return Some(started.elapsed());
+            }
+            sleep(STATUS_POLL).await;
+        }
+    };
+    let (writes, step_down, elected) = tokio::join!(writes, step_down, elected);
     let (outage, failed_attempts, via, key) = writes?;
     acknowledged.insert(key.clone(), key);
 
@@ -421,7 +448,7 @@ async fn one_round(
     };
     for n in 0..WRITES_AFTER_OUTAGE {
         let key = format!("{prefix}after-{n}");
-        put(channels[via].clone(), &key, &key)
+        put(channels[via].clone(), &key, &key, CALL_TIMEOUT)
             .await
             .with_context(|| format!("write {key} through a survivor after the failover"))?;
         acknowledged.insert(key.clone(), key);
@@ -465,6 +492,7 @@ async fn one_round(
     Ok(Round {
         old_leader: cluster.name(leader).to_owned(),
         new_leader: cluster.name(new_leader).to_owned(),
+        elected,
         outage,
         failed_attempts,
         step_down,
