@@ -17,6 +17,8 @@
 //!   (the compactor never compacts what the following reader has not read) and each
 //!   member's own history for the replicas check.
 //! - `collect`: the final state, read with faults healed.
+//! - `failover`: not part of a torture run: the cut-link failover measurement (issue 21), a
+//!   leader cut off from its peers by nft rules, on the same namespaces and members.
 //! - `report`, `plot`: the report folder (`history.txt`, `watches.txt`, `compactions.txt`,
 //!   `faults.txt`, `verdict.txt`, `plot.svg`).
 //!
@@ -33,6 +35,7 @@ pub mod client;
 pub mod cluster;
 pub mod collect;
 pub mod compactor;
+pub mod failover;
 pub mod lock;
 pub mod nemesis;
 pub mod net;
