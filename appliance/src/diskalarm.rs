@@ -26,7 +26,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use skerry_client::Client;
+// A Raft leader whose log sync stalls this long hands leadership to another member.
 use skerry_client::events::{EVENT_TYPE_WARNING, EventRecorder, RecorderOptions};
+use skerry_raft::core::LEADER_DISK_STALL_MAX as LEADER_DISK_STALL;
 use skerry_store::metrics::SLOW_SYNC_WARN;
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
@@ -47,12 +49,6 @@ pub const REASON_SLOW_DISK_SYNC: &str = "SlowDiskSync";
 /// so a slow disk's Events never use up the kubelet's budget for `NodeNotReady` and
 /// `NodeHasDiskPressure`), nor `etcd`, which records no Kubernetes Events upstream.
 pub const EVENT_COMPONENT: &str = "skerry-store";
-
-/// A Raft leader whose log sync stalls this long hands leadership to another member. The
-/// same figure as `skerry_raft::core::LEADER_DISK_STALL_MAX` (named in
-/// `skerry_store::metrics::SLOW_SYNC_WARN`'s comment): etcd's default election timeout
-/// (1000 ms), the time followers wait for a heartbeat the stalled leader cannot send.
-pub const LEADER_DISK_STALL: Duration = Duration::from_secs(1);
 
 /// Which log the member syncs: the message says what the slowness costs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

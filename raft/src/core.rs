@@ -273,6 +273,15 @@ pub struct Core<H: Host> {
     /// Readies handed to the log and not yet durable, in order: their numbers and the
     /// messages that must wait for them.
     unpersisted: std::collections::VecDeque<(u64, Vec<Message>)>,
+    /// Proposals waiting for the log's write under way (see `should_hold_proposals`).
+    held_proposals: Vec<HeldProposal>,
+}
+
+/// A proposal held back for the next batch: a client's on this member, or one a follower
+/// forwarded.
+enum HeldProposal {
+    Local(Command, Reply),
+    Forwarded(Message),
 }
 
 /// A proposal's (or ReadIndex round's) context: the member and its proposal (round) id.
@@ -477,12 +486,14 @@ impl<H: Host> Core<H> {
             status: ReplicaStatus::default(),
             heartbeats_sent: HashMap::new(),
             unpersisted: std::collections::VecDeque::new(),
+            held_proposals: Vec::new(),
         }
     }
 
     /// One clock tick (a heartbeat interval): raft-rs's tick, fast failover's campaign, and
     /// the expiry of waits that took too long.
     pub fn tick(&mut self) {
+        self.release_held_proposals();
         self.raw.tick();
         self.campaign_if_leader_gone();
         self.hand_over_if_disk_stalled();
@@ -569,6 +580,11 @@ impl<H: Host> Core<H> {
         for (_, reply) in self.pending.drain() {
             let _ = reply.send(Err(error.clone()));
         }
+        for held in self.held_proposals.drain(..) {
+            if let HeldProposal::Local(_, reply) = held {
+                let _ = reply.send(Err(error.clone()));
+            }
+        }
         for (_, (_, waiters)) in self.read_rounds.drain() {
             for w in waiters {
                 let _ = w.send(Err(error.clone()));
@@ -617,6 +633,10 @@ impl<H: Host> Core<H> {
                 // Held until a leader is known rather than refused at once: an election (or
                 // this member's start) takes about one election timeout.
                 self.leaderless.push((self.host.now(), msg));
+            }
+            Input::Propose { command, reply } if self.should_hold_proposals() => {
+                self.held_proposals
+                    .push(HeldProposal::Local(command, reply));
             }
             Input::Propose { command, reply } => self.propose(command, reply),
             Input::ReadIndex(reply) => self.read_waiters.push(reply),
@@ -691,6 +711,10 @@ impl<H: Host> Core<H> {
                 {
                     let rtt = self.host.now().duration_since(sent);
                     skerry_store::metrics::observe_peer_rtt(m.from, rtt);
+                }
+                if m.get_msg_type() == MessageType::MsgPropose && self.should_hold_proposals() {
+                    self.held_proposals.push(HeldProposal::Forwarded(m));
+                    return;
                 }
                 let snapshot_file = (m.get_msg_type() == MessageType::MsgSnapshot).then(|| {
                     std::path::PathBuf::from(
@@ -980,6 +1004,31 @@ impl<H: Host> Core<H> {
         true
     }
 
+    /// Whether a proposal arriving now waits for the log's write under way (we lead, and
+    /// the log is busy): proposals gathered meanwhile go into one Ready, one append per
+    /// follower and one sync, as they did when the loop itself waited on the disk. Without
+    /// this the loop, free of the disk, turned each proposal into a Ready of its own, and
+    /// the followers handled an append, a write and an acknowledgement per proposal.
+    fn should_hold_proposals(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader && !self.unpersisted.is_empty()
+    }
+
+    /// Proposes what waited for the log: once it has caught up, or at a tick whatever it
+    /// is doing (so a stalling disk delays proposals by a heartbeat interval at most, and the
+    /// followers commit them without the leader's disk).
+    fn release_held_proposals(&mut self) {
+        for held in std::mem::take(&mut self.held_proposals) {
+            match held {
+                HeldProposal::Local(command, reply) => self.propose(command, reply),
+                HeldProposal::Forwarded(m) => {
+                    if let Err(e) = self.raw.step(m) {
+                        tracing::debug!(error = %e, "raft refused a forwarded proposal");
+                    }
+                }
+            }
+        }
+    }
+
     fn propose(&mut self, command: Command, reply: Reply) {
         let id = self.next_proposal;
         self.next_proposal += 1;
@@ -1154,6 +1203,9 @@ impl<H: Host> Core<H> {
 
     fn on_ready(&mut self) -> Result<(), RaftError> {
         self.collect_persisted()?;
+        if !self.held_proposals.is_empty() && !self.should_hold_proposals() {
+            self.release_held_proposals();
+        }
         // Readies produced by the one before (a durable write lets the leader commit, a
         // commit lets entries apply) are handled in the same turn, up to a bound.
         for _ in 0..READIES_PER_TURN_MAX {

@@ -11,7 +11,6 @@
 //! when missing (as `tests/torture.rs` does). Members' logs land in
 //! `target/torture/ci-failover-cut/`.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use skerry_tests::torture::Target;
@@ -20,34 +19,6 @@ use skerry_tests::torture::failover::{self, FailoverConfig};
 /// Rounds in CI: enough to cut more than one member in turn, short enough for the file to take
 /// well under a minute on a debug build.
 const ROUNDS: usize = 3;
-
-fn target_dir() -> PathBuf {
-    // This test runs from target/<profile>/deps/.
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| {
-            exe.ancestors()
-                .find(|dir| dir.file_name().is_some_and(|name| name == "target"))
-                .map(Path::to_path_buf)
-        })
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-}
-
-/// The debug skerry binary, built if missing.
-fn skerry_bin() -> PathBuf {
-    let bin = target_dir().join("debug").join("skerry");
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "skerry"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo build -p skerry");
-        assert!(status.success(), "cargo build -p skerry failed");
-    }
-    assert!(bin.exists(), "{} missing after the build", bin.display());
-    bin
-}
 
 /// Whether a prerequisite is missing (`ok` false): under `CI=true` a failure saying `why`,
 /// otherwise a skip with that line.
@@ -77,11 +48,13 @@ fn a_cut_off_leader_is_replaced_steps_down_and_rejoins_without_losing_writes() {
     ) {
         return;
     }
-    let out = target_dir().join("torture").join("ci-failover-cut");
+    let out = skerry_tests::torture::target_dir()
+        .join("torture")
+        .join("ci-failover-cut");
     let _ = std::fs::remove_dir_all(&out);
     let config = FailoverConfig {
         target: Target::Skerry,
-        bin: skerry_bin(),
+        bin: skerry_tests::torture::debug_skerry_bin(),
         rounds: ROUNDS,
         out_dir: out.clone(),
     };

@@ -21,7 +21,6 @@
 //! `CI=true` (which `.ci/run` exports), naming what to install.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use skerry_tests::torture::nemesis::FaultKind;
@@ -46,34 +45,6 @@ const ETCD_BIN: &str = "/usr/bin/etcd";
 /// (etcd-io/etcd#20221 under partitions; #18089 at compaction): Debian sid's `etcd-server`
 /// (3.5.x), which `.ci/run` unpacks here.
 const ETCD_NEWER_BIN: &str = "/opt/skerry-ci/etcd-newer/etcd";
-
-fn target_dir() -> PathBuf {
-    // This test runs from target/<profile>/deps/.
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| {
-            exe.ancestors()
-                .find(|dir| dir.file_name().is_some_and(|name| name == "target"))
-                .map(Path::to_path_buf)
-        })
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-}
-
-/// The debug skerry binary, built if missing.
-fn skerry_bin() -> PathBuf {
-    let bin = target_dir().join("debug").join("skerry");
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "skerry"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo build -p skerry");
-        assert!(status.success(), "cargo build -p skerry failed");
-    }
-    assert!(bin.exists(), "{} missing after the build", bin.display());
-    bin
-}
 
 /// Whether the environment says this is a CI run (`CI=true`, which CI services set and
 /// `.ci/run` exports).
@@ -126,7 +97,9 @@ fn torture(
     duration: Duration,
     default_seed: u64,
 ) {
-    let out = target_dir().join("torture").join(format!("ci-{name}"));
+    let out = skerry_tests::torture::target_dir()
+        .join("torture")
+        .join(format!("ci-{name}"));
     let _ = std::fs::remove_dir_all(&out);
     let mut config = Config::new(target, bin, out.clone());
     config.duration = duration;
@@ -165,7 +138,7 @@ fn skerry_under_partitions() {
     torture(
         "skerry-partition",
         Target::Skerry,
-        skerry_bin(),
+        skerry_tests::torture::debug_skerry_bin(),
         &[FaultKind::Partition],
         SKERRY_RUN,
         1,
@@ -177,7 +150,7 @@ fn skerry_under_kill_and_pause() {
     torture(
         "skerry-kill-pause",
         Target::Skerry,
-        skerry_bin(),
+        skerry_tests::torture::debug_skerry_bin(),
         &[FaultKind::Kill, FaultKind::Pause],
         SKERRY_RUN,
         2,
@@ -189,7 +162,7 @@ fn skerry_under_membership_changes() {
     torture(
         "skerry-membership",
         Target::Skerry,
-        skerry_bin(),
+        skerry_tests::torture::debug_skerry_bin(),
         &[FaultKind::Membership],
         SKERRY_RUN,
         3,

@@ -619,3 +619,32 @@ fn assemble(
         replicas,
     })
 }
+
+/// The workspace's `target` dir, as seen from a test binary (which runs from
+/// `target/<profile>/deps/`).
+pub fn target_dir() -> std::path::PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            exe.ancestors()
+                .find(|dir| dir.file_name().is_some_and(|name| name == "target"))
+                .map(std::path::Path::to_path_buf)
+        })
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+}
+
+/// The debug `skerry` binary for the CI tests that run real members, built if missing.
+pub fn debug_skerry_bin() -> std::path::PathBuf {
+    let bin = target_dir().join("debug").join("skerry");
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "-p", "skerry"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("run cargo build -p skerry");
+        assert!(status.success(), "cargo build -p skerry failed");
+    }
+    assert!(bin.exists(), "{} missing after the build", bin.display());
+    bin
+}
