@@ -378,6 +378,10 @@ fn list_segments(dir: &Path) -> Result<Vec<Segment>, StoreError> {
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
+        if name == SPARE_NAME {
+            // A preallocation a crash interrupted: holds no records (`open` removes it).
+            continue;
+        }
         let parsed = name
             .strip_suffix(".wal")
             .and_then(|stem| stem.split_once('-'))
@@ -694,5 +698,22 @@ mod tests {
             Wal::open(dir.path(), 0, SEG),
             Err(StoreError::DataDir(_))
         ));
+    }
+
+    /// A kill -9 while the next segment was being preallocated leaves `spare.tmp` behind:
+    /// the log still opens, also through `first_index_on_disk` (the Raft log's way in),
+    /// which refused it as a foreign file and kept a killed member from starting again.
+    #[test]
+    fn an_interrupted_preallocation_does_not_stop_the_log_from_opening() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut wal, _) = Wal::open(dir.path(), 0, SEG).expect("open");
+        append_range(&mut wal, 1, 3);
+        drop(wal);
+        fs::write(dir.path().join(SPARE_NAME), vec![0u8; 4096]).expect("write spare");
+        assert_eq!(Wal::first_index_on_disk(dir.path()).expect("first index"), Some(1));
+        let (wal, replay) = Wal::open(dir.path(), 0, SEG).expect("reopen");
+        assert_eq!(replay.len(), 3);
+        assert_eq!(wal.last_index(), 3);
+        assert!(!dir.path().join(SPARE_NAME).exists());
     }
 }
