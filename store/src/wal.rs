@@ -710,7 +710,10 @@ mod tests {
         append_range(&mut wal, 1, 3);
         drop(wal);
         fs::write(dir.path().join(SPARE_NAME), vec![0u8; 4096]).expect("write spare");
-        assert_eq!(Wal::first_index_on_disk(dir.path()).expect("first index"), Some(1));
+        assert_eq!(
+            Wal::first_index_on_disk(dir.path()).expect("first index"),
+            Some(1)
+        );
         let (wal, replay) = Wal::open(dir.path(), 0, SEG).expect("reopen");
         assert_eq!(replay.len(), 3);
         assert_eq!(wal.last_index(), 3);
