@@ -280,13 +280,12 @@ enum Job {
 }
 
 /// What the writer thread reports, read by the Raft loop without waiting.
-#[derive(Default)]
 struct Progress {
     /// The highest Ready number durable (all lower ones too).
     durable: AtomicU64,
     /// When the sync under way started, in nanoseconds after `base` (0: none under way).
     sync_started: AtomicU64,
-    base: Option<Instant>,
+    base: Instant,
     /// The write that failed: the log can take nothing more.
     failed: Mutex<Option<String>>,
     waker: RwLock<Option<Waker>>,
@@ -315,7 +314,7 @@ const JOBS_PER_SYNC_MAX: usize = 1024;
 
 /// The writer thread: takes what queued up, writes it in order, syncs once, reports.
 fn write_loop(writer: Arc<Mutex<Writer>>, progress: Arc<Progress>, rx: mpsc::Receiver<Job>) {
-    let base = progress.base.unwrap_or_else(Instant::now);
+    let base = progress.base;
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while jobs.len() < JOBS_PER_SYNC_MAX {
@@ -489,8 +488,11 @@ impl LogStore {
             conf: core.conf.clone(),
         }));
         let progress = Arc::new(Progress {
-            base: Some(Instant::now()),
-            ..Default::default()
+            durable: AtomicU64::new(0),
+            sync_started: AtomicU64::new(0),
+            base: Instant::now(),
+            failed: Mutex::new(None),
+            waker: RwLock::new(None),
         });
         let (tx, rx) = mpsc::channel();
         let thread = {
@@ -562,7 +564,7 @@ impl LogStore {
     pub fn sync_running_for(&self) -> Option<Duration> {
         let progress = &self.queue.progress;
         let started = progress.sync_started.load(Ordering::Acquire);
-        let base = progress.base?;
+        let base = progress.base;
         (started != 0).then(|| base.elapsed().saturating_sub(Duration::from_nanos(started)))
     }
 

@@ -852,6 +852,26 @@ async fn assert_all_present(store: &Store, acked: &[(String, String)]) {
     }
 }
 
+/// Three members with skerry's default timeouts, started, once they agree on a leader: the
+/// members, the leader's id and its index.
+async fn default_cluster_with_leader(root: &Path) -> (Vec<Member>, u64, usize) {
+    let mut members = cluster_with(
+        root,
+        "http",
+        skerry_raft::config::HEARTBEAT_INTERVAL_DEFAULT,
+        skerry_raft::config::ELECTION_TIMEOUT_DEFAULT,
+    );
+    for m in &mut members {
+        m.start().await;
+    }
+    let leader = wait_for_leader(&members, 0).await;
+    let li = members
+        .iter()
+        .position(|m| m.config.id == leader)
+        .expect("leader is a member");
+    (members, leader, li)
+}
+
 /// Issue 21: with skerry's default timeouts (heartbeat 50 ms, election 400 ms), a leader
 /// whose every log sync stalls 100 to 500 ms more (an SD card on a bad day, through the
 /// log's fault hook) keeps leading, in the same term, while clients write through every
@@ -865,20 +885,7 @@ async fn a_leader_whose_disk_stalls_half_a_second_keeps_leading() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(DISK_STALL_SECS_DEFAULT);
     let root = tempfile::tempdir().expect("tempdir");
-    let mut members = cluster_with(
-        root.path(),
-        "http",
-        skerry_raft::config::HEARTBEAT_INTERVAL_DEFAULT,
-        skerry_raft::config::ELECTION_TIMEOUT_DEFAULT,
-    );
-    for m in &mut members {
-        m.start().await;
-    }
-    let leader = wait_for_leader(&members, 0).await;
-    let li = members
-        .iter()
-        .position(|m| m.config.id == leader)
-        .expect("leader is a member");
+    let (mut members, leader, li) = default_cluster_with_leader(root.path()).await;
     let term = members[li]
         .node
         .as_ref()
@@ -952,20 +959,7 @@ async fn a_leader_whose_disk_stalls_half_a_second_keeps_leading() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_disk_stalls_three_seconds_hands_over() {
     let root = tempfile::tempdir().expect("tempdir");
-    let mut members = cluster_with(
-        root.path(),
-        "http",
-        skerry_raft::config::HEARTBEAT_INTERVAL_DEFAULT,
-        skerry_raft::config::ELECTION_TIMEOUT_DEFAULT,
-    );
-    for m in &mut members {
-        m.start().await;
-    }
-    let leader = wait_for_leader(&members, 0).await;
-    let li = members
-        .iter()
-        .position(|m| m.config.id == leader)
-        .expect("leader is a member");
+    let (mut members, leader, li) = default_cluster_with_leader(root.path()).await;
     let handovers =
         skerry_store::metrics::DISK_STALL_HANDOVERS.load(std::sync::atomic::Ordering::Relaxed);
     members[li]
